@@ -1,0 +1,232 @@
+"""Checkpoints: a folder of safetensors and JSON, written atomically, loaded without pickle.
+
+Layout of one checkpoint folder::
+
+    meta.json            format version, resolved config, policy description (spaces,
+                         network shape), counters, and the structure of the training state
+    policy.safetensors   the policy's state_dict: weights and observation normalizer
+    state.safetensors    every tensor of the training state (optimizer moments, RNG states,
+                         reward scaler, episode accumulators)
+
+A run folder keeps ``checkpoints/iter_NNNNNNNN`` (the last ``keep``), ``checkpoints/final``
+and ``checkpoints/latest``, a one-line file naming the newest complete checkpoint.
+A checkpoint is written to a hidden temporary folder, every file flushed and fsynced,
+then renamed into place; ``latest`` is replaced atomically after that. A crash at any
+moment leaves the previous checkpoint and pointer intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from trustrl.policy import Policy
+
+FORMAT_VERSION = 1
+META = "meta.json"
+POLICY_FILE = "policy.safetensors"
+STATE_FILE = "state.safetensors"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or loaded; the message says what is wrong."""
+
+
+# Nested training state <-> (JSON skeleton, flat tensors). Tensors and arrays are moved
+# out into a safetensors file; the skeleton keeps everything else and where each went.
+
+
+def flatten_state(state: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(value: Any, path: str) -> Any:
+        if isinstance(value, torch.Tensor):
+            tensors[path] = value.detach().cpu().contiguous()
+            return {"__tensor__": path}
+        if isinstance(value, np.ndarray):
+            tensors[path] = torch.from_numpy(np.ascontiguousarray(value))
+            return {"__ndarray__": path}
+        if isinstance(value, dict):
+            if all(isinstance(k, str) for k in value):
+                return {k: walk(v, f"{path}.{k}") for k, v in value.items()}
+            return {"__items__": [[k, walk(v, f"{path}.{k}")] for k, v in value.items()]}
+        if isinstance(value, list | tuple):
+            return [walk(v, f"{path}.{i}") for i, v in enumerate(value)]
+        if isinstance(value, float) and not np.isfinite(value):
+            return {"__float__": repr(value)}
+        if value is None or isinstance(value, bool | int | float | str):
+            return value
+        raise TypeError(f"cannot store {type(value).__name__} at {path} in a checkpoint")
+
+    return walk(state, "state"), tensors
+
+
+def unflatten_state(skeleton: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            if "__tensor__" in value:
+                return tensors[value["__tensor__"]]
+            if "__ndarray__" in value:
+                return tensors[value["__ndarray__"]].numpy()
+            if "__float__" in value:
+                return float(value["__float__"])
+            if "__items__" in value:
+                return {k: walk(v) for k, v in value["__items__"]}
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return value
+
+    return walk(skeleton)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, write: Any) -> None:
+    write(path)
+    with path.open("rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+def write_checkpoint(
+    folder: Path, policy: Policy, meta: dict[str, Any], training_state: dict[str, Any]
+) -> Path:
+    """Write one complete checkpoint at ``folder`` atomically (temp folder, then rename)."""
+    folder = Path(folder)
+    tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    skeleton, tensors = flatten_state(training_state)
+    try:
+        tmp.mkdir(parents=True)
+        _write_file(tmp / POLICY_FILE, lambda p: save_file(dict(policy.state_dict()), str(p)))
+        _write_file(tmp / STATE_FILE, lambda p: save_file(tensors, str(p)))
+        document = {
+            "format_version": FORMAT_VERSION,
+            **meta,
+            "policy": policy.describe(),
+            "training_state": skeleton,
+        }
+        _write_file(tmp / META, lambda p: p.write_text(json.dumps(document, indent=1)))
+        _fsync_dir(tmp)
+        if folder.exists():
+            # Replacing an existing folder (e.g. "final" on a resumed run): move it aside first.
+            old = folder.parent / f".old-{folder.name}-{os.getpid()}"
+            os.replace(folder, old)
+            os.replace(tmp, folder)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, folder)
+        _fsync_dir(folder.parent)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(
+            f"could not write checkpoint {folder}: {exc.strerror or exc}; the previous "
+            "checkpoint is intact"
+        ) from None
+    return folder
+
+
+def set_latest(checkpoints: Path, name: str) -> None:
+    pointer = checkpoints / "latest"
+    tmp = checkpoints / ".latest.tmp"
+    tmp.write_text(name + "\n")
+    with tmp.open("rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, pointer)
+    _fsync_dir(checkpoints)
+
+
+def prune(checkpoints: Path, keep: int) -> None:
+    """Keep the newest ``keep`` iteration checkpoints (and always ``final``)."""
+    numbered = sorted(p for p in checkpoints.glob("iter_*") if p.is_dir())
+    for old in numbered[:-keep] if keep > 0 else numbered:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A run folder, a checkpoints folder or a checkpoint folder -> the checkpoint folder.
+
+    Run folders resolve to ``final`` when training finished, else to ``latest``.
+    """
+    path = Path(path)
+    if path.is_file():
+        raise CheckpointError(
+            f"{path} is a file, not a trustrl checkpoint folder (trustrl never loads pickled "
+            "files such as .pt or .pkl)"
+        )
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist")
+    if (path / META).is_file():
+        return path
+    checkpoints = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    if (checkpoints / "final" / META).is_file():
+        return checkpoints / "final"
+    pointer = checkpoints / "latest"
+    if pointer.is_file():
+        candidate = checkpoints / pointer.read_text().strip()
+        if (candidate / META).is_file():
+            return candidate
+    raise CheckpointError(f"no checkpoint found in {path} (expected {META} or checkpoints/latest)")
+
+
+def read_meta(folder: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((folder / META).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{folder / META} is unreadable: {exc}") from None
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{folder} has checkpoint format version {version!r}; this trustrl reads version "
+            f"{FORMAT_VERSION}"
+        )
+    return meta
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} is missing")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint file {path} is damaged or truncated: {exc}") from None
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Rebuild the policy (with its normalizer) from a checkpoint; no pickle anywhere."""
+    folder = resolve_checkpoint(path)
+    meta = read_meta(folder)
+    policy = Policy.from_description(meta["policy"])
+    state = _load_tensors(folder / POLICY_FILE)
+    try:
+        policy.load_state_dict(state)
+    except RuntimeError as exc:
+        raise CheckpointError(
+            f"{folder / POLICY_FILE} does not fit the described policy: {exc}"
+        ) from None
+    policy.eval()
+    return policy
+
+
+def load_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any], Policy, dict[str, Any]]:
+    """(folder, meta, policy, training state) for resuming."""
+    folder = resolve_checkpoint(path)
+    meta = read_meta(folder)
+    policy = load_policy(folder)
+    tensors = _load_tensors(folder / STATE_FILE)
+    return folder, meta, policy, unflatten_state(meta["training_state"], tensors)

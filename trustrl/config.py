@@ -1,0 +1,386 @@
+"""Configuration: frozen dataclasses, validated on construction, loaded from TOML.
+
+Every field carries a docstring; the CLI turns them into ``--help``. A bad value is
+refused where it is built, with a message that names the field, the value and what
+is allowed. Derived sizes are properties and never written back.
+
+Resolution order for ``trustrl train ENV_ID``: the dataclass defaults, then the
+preset shipped for ``ENV_ID`` and the algorithm (``trustrl/presets/<algo>/<env>.toml``),
+then the user's ``--config FILE``, then command-line flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+Activation = Literal["tanh", "relu"]
+Backend = Literal["auto", "sync", "async", "vector"]
+Algo = Literal["ppo"]
+
+
+class ConfigError(ValueError):
+    """A configuration value or file that cannot be used; the message says why."""
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _check_choice(name: str, value: object, choices: tuple[object, ...]) -> None:
+    _require(
+        value in choices, f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}"
+    )
+
+
+def _check_positive(name: str, value: float) -> None:
+    _require(
+        isinstance(value, int | float) and math.isfinite(value) and value > 0,
+        f"{name} must be > 0, got {value!r}",
+    )
+
+
+def _check_non_negative(name: str, value: float) -> None:
+    _require(
+        isinstance(value, int | float) and math.isfinite(value) and value >= 0,
+        f"{name} must be >= 0, got {value!r}",
+    )
+
+
+def _check_int(name: str, value: int, minimum: int) -> None:
+    _require(
+        isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+        f"{name} must be an integer >= {minimum}, got {value!r}",
+    )
+
+
+def _check_unit(name: str, value: float, *, closed: bool) -> None:
+    low_ok = value >= 0 if closed else value > 0
+    high_ok = value <= 1 if closed else value < 1
+    interval = "[0, 1]" if closed else "(0, 1)"
+    _require(
+        isinstance(value, int | float) and low_ok and high_ok,
+        f"{name} must be in {interval}, got {value!r}",
+    )
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """How environments are built and how their signals are scaled."""
+
+    num_envs: int = 8
+    """Environments stepped together; each contributes one row of the rollout."""
+    backend: Backend = "auto"
+    """Vector backend: sync (in-process), async (subprocesses, shared memory), vector (the
+    env's own vectorized implementation, e.g. CartPole), or auto (vector where Gymnasium
+    provides one, otherwise sync)."""
+    kwargs: dict[str, int | float | bool | str] = field(default_factory=dict)
+    """Keyword arguments for the environment constructor."""
+    normalize_obs: bool = False
+    """Normalize observations with running mean/variance (part of the saved model)."""
+    normalize_reward: bool = False
+    """Scale rewards by the running standard deviation of the discounted return."""
+    obs_clip: float = 10.0
+    """Normalized observations are clipped to [-obs_clip, obs_clip]."""
+    reward_clip: float = 10.0
+    """Scaled rewards are clipped to [-reward_clip, reward_clip]."""
+
+    def __post_init__(self) -> None:
+        _check_int("env.num_envs", self.num_envs, 1)
+        _check_choice("env.backend", self.backend, get_args(Backend))
+        _require(isinstance(self.kwargs, dict), f"env.kwargs must be a table, got {self.kwargs!r}")
+        _check_positive("env.obs_clip", self.obs_clip)
+        _check_positive("env.reward_clip", self.reward_clip)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How much experience one iteration collects and how it is credited."""
+
+    num_steps: int = 128
+    """Steps per environment per iteration; a rollout holds num_steps x num_envs rows."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda: 0 is one-step TD, 1 is Monte Carlo."""
+
+    def __post_init__(self) -> None:
+        _check_int("rollout.num_steps", self.num_steps, 1)
+        _check_unit("rollout.gamma", self.gamma, closed=True)
+        _check_unit("rollout.gae_lambda", self.gae_lambda, closed=True)
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Actor and critic networks."""
+
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the actor and of the critic MLP."""
+    activation: Activation = "tanh"
+    """Hidden-layer activation."""
+    log_std_init: float = 0.0
+    """Initial log standard deviation of Gaussian (Box) policies."""
+    ortho_init: bool = True
+    """Orthogonal init: gain sqrt(2) on hidden layers, 0.01 on the policy head, 1 on the
+    value head."""
+
+    def __post_init__(self) -> None:
+        _require(
+            len(self.hidden_sizes) > 0
+            and all(
+                isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in self.hidden_sizes
+            ),
+            f"policy.hidden_sizes must be one or more positive integers, got {self.hidden_sizes!r}",
+        )
+        _check_choice("policy.activation", self.activation, get_args(Activation))
+        _require(
+            isinstance(self.log_std_init, int | float) and -20 <= self.log_std_init <= 2,
+            f"policy.log_std_init must be in [-20, 2], got {self.log_std_init!r}",
+        )
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """The PPO update: clipped surrogate, minibatch epochs, KL early stop."""
+
+    learning_rate: float = 2.5e-4
+    """Adam step size of the shared loss (actor and critic in one optimizer)."""
+    pi_lr: float | None = None
+    """Actor step size. Setting pi_lr and vf_lr trains the actor and the critic with separate
+    optimizers and losses; leaving both unset uses the shared loss."""
+    vf_lr: float | None = None
+    """Critic step size (with pi_lr: separate optimizers)."""
+    anneal_lr: bool = True
+    """Decay step sizes linearly to zero over the run."""
+    update_epochs: int = 4
+    """Passes over the rollout for the policy."""
+    vf_epochs: int | None = None
+    """Passes for the critic when optimizers are separate (default: update_epochs); the critic
+    keeps fitting after the policy stopped on KL."""
+    num_minibatches: int = 4
+    """Minibatches per pass."""
+    clip_coef: float = 0.2
+    """Surrogate clipping range epsilon."""
+    anneal_clip: bool = False
+    """Decay clip_coef linearly to zero over the run."""
+    vf_clip_coef: float | None = None
+    """Clip the value update to this range around the old values (unset: no clipping)."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    vf_coef: float = 0.5
+    """Value-loss coefficient in the shared loss."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    target_kl: float | None = None
+    """Stop the policy epochs before a step whose measured KL exceeds this (unset: never)."""
+    norm_adv: bool = True
+    """Normalize advantages per minibatch."""
+
+    @property
+    def separate_optimizers(self) -> bool:
+        return self.pi_lr is not None
+
+    def __post_init__(self) -> None:
+        _check_positive("ppo.learning_rate", self.learning_rate)
+        _require(
+            (self.pi_lr is None) == (self.vf_lr is None),
+            f"ppo.pi_lr and ppo.vf_lr must be set together (separate optimizers) or both left "
+            f"unset (shared loss), got pi_lr={self.pi_lr!r}, vf_lr={self.vf_lr!r}",
+        )
+        if self.pi_lr is not None and self.vf_lr is not None:
+            _check_positive("ppo.pi_lr", self.pi_lr)
+            _check_positive("ppo.vf_lr", self.vf_lr)
+        _check_int("ppo.update_epochs", self.update_epochs, 1)
+        if self.vf_epochs is not None:
+            _check_int("ppo.vf_epochs", self.vf_epochs, 1)
+            _require(
+                self.separate_optimizers,
+                f"ppo.vf_epochs needs separate optimizers (set ppo.pi_lr and ppo.vf_lr), "
+                f"got vf_epochs={self.vf_epochs!r}",
+            )
+        _check_int("ppo.num_minibatches", self.num_minibatches, 1)
+        _check_unit("ppo.clip_coef", self.clip_coef, closed=False)
+        if self.vf_clip_coef is not None:
+            _check_positive("ppo.vf_clip_coef", self.vf_clip_coef)
+        _check_non_negative("ppo.ent_coef", self.ent_coef)
+        _check_non_negative("ppo.vf_coef", self.vf_coef)
+        _check_positive("ppo.max_grad_norm", self.max_grad_norm)
+        if self.target_kl is not None:
+            _check_positive("ppo.target_kl", self.target_kl)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One training run."""
+
+    env_id: str = "CartPole-v1"
+    """A registered Gymnasium id, or package.module:callable returning a Gymnasium env."""
+    algo: Algo = "ppo"
+    """Algorithm; selects the update step."""
+    seed: int = 1
+    """Seed of environments, weights, sampling and shuffling."""
+    total_steps: int = 100_000
+    """Environment steps to train for (summed over environments)."""
+    run_dir: str | None = None
+    """Run folder (default: runs/<env>__<algo>__<seed>__<time>)."""
+    quiet: bool = False
+    """No progress bar."""
+    torch_threads: int = 1
+    """Torch intra-op threads. Small networks run fastest on one; results are reproducible
+    for a given seed and thread count."""
+    eval_episodes: int = 10
+    """Deterministic evaluation episodes at the end of training (0: none)."""
+    checkpoint_every: int = 10
+    """Write a checkpoint every this many iterations (the final one is always written)."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+
+    @property
+    def batch_size(self) -> int:
+        return self.env.num_envs * self.rollout.num_steps
+
+    @property
+    def num_iterations(self) -> int:
+        return max(1, self.total_steps // self.batch_size)
+
+    def __post_init__(self) -> None:
+        _require(
+            isinstance(self.env_id, str) and self.env_id.strip() != "",
+            f"env_id must be a Gymnasium id or package.module:callable, got {self.env_id!r}",
+        )
+        _check_choice("algo", self.algo, get_args(Algo))
+        _check_int("seed", self.seed, 0)
+        _check_int("total_steps", self.total_steps, 1)
+        _check_int("torch_threads", self.torch_threads, 1)
+        _check_int("eval_episodes", self.eval_episodes, 0)
+        _check_int("checkpoint_every", self.checkpoint_every, 1)
+        minibatches = self.ppo.num_minibatches
+        _require(
+            minibatches <= self.batch_size,
+            f"ppo.num_minibatches must be <= env.num_envs x rollout.num_steps = {self.batch_size}, "
+            f"got {minibatches}",
+        )
+
+
+SECTIONS: dict[str, type] = {
+    "env": EnvConfig,
+    "rollout": RolloutConfig,
+    "policy": PolicyConfig,
+    "ppo": PPOConfig,
+}
+
+
+def _coerce(cls: type, name: str, value: Any) -> Any:
+    """TOML has no tuples; hidden sizes arrive as lists."""
+    if cls is PolicyConfig and name == "hidden_sizes" and isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def _build(cls: type, table: dict[str, Any], where: str) -> Any:
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise ConfigError(
+            f"unknown key{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(prefix + k for k in unknown)}; allowed: {', '.join(sorted(known))}"
+        )
+    kwargs: dict[str, Any] = {}
+    for name, value in table.items():
+        section = SECTIONS.get(name) if cls is Config else None
+        if section is not None:
+            if not isinstance(value, dict):
+                raise ConfigError(f"[{name}] must be a table, got {value!r}")
+            kwargs[name] = _build(section, value, name)
+        else:
+            kwargs[name] = _coerce(cls, name, value)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # e.g. a wrongly typed value that breaks a comparison
+        raise ConfigError(f"{where or 'config'}: {exc}") from None
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Tables are merged key by key; any other value in ``override`` replaces ``base``'s."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "kwargs":
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def config_from_dict(table: dict[str, Any]) -> Config:
+    """Build a validated Config; unknown keys are errors."""
+    return _build(Config, table, "")
+
+
+def config_to_dict(config: Config) -> dict[str, Any]:
+    """Plain TOML-ready data (None values are dropped: TOML has no null)."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items() if v is not None}
+        if isinstance(value, tuple):
+            return list(value)
+        return value
+
+    return clean(dataclasses.asdict(config))
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def preset_name(env_id: str) -> str:
+    return env_id.replace(":", "_").replace("/", "_")
+
+
+def preset_table(algo: str, env_id: str) -> dict[str, Any] | None:
+    """The tuned preset shipped for this algorithm and env, if there is one."""
+    resource = resources.files("trustrl").joinpath("presets", algo, f"{preset_name(env_id)}.toml")
+    if not resource.is_file():
+        return None
+    return tomllib.loads(resource.read_text())
+
+
+def available_presets(algo: str) -> list[str]:
+    folder = resources.files("trustrl").joinpath("presets", algo)
+    return sorted(
+        p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml")
+    )
+
+
+def resolve(
+    env_id: str,
+    algo: str = "ppo",
+    config_file: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Config:
+    """Defaults <- preset for (algo, env) <- config file <- overrides."""
+    table: dict[str, Any] = {"env_id": env_id, "algo": algo}
+    preset = preset_table(algo, env_id)
+    if preset is not None:
+        table = merge(table, preset)
+    if config_file is not None:
+        table = merge(table, read_toml(config_file))
+    if overrides:
+        table = merge(table, overrides)
+    return config_from_dict(table)

@@ -1,0 +1,167 @@
+"""Action heads: network features -> distribution parameters -> samples, log-probs, entropy, KL.
+
+No ``torch.distributions`` objects: each head's distribution is one parameter tensor
+(B, P) and a handful of pure functions on it, so the inference path builds no
+Python objects per step, and TRPO can take the KL between two parameter tensors.
+
+* categorical: P = n normalized log-probabilities (masked actions at ``MASKED_LOGIT``)
+* multi-categorical: P = sum(nvec), one normalized block per component
+* diagonal Gaussian: P = 2 * d, the mean then a state-independent log-std
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+# A finite stand-in for -inf: exp() of it is exactly 0 in float32, and 0 * it is 0, so
+# entropies and KLs over masked actions stay finite (an -inf would give NaN there).
+MASKED_LOGIT = -1e8
+
+
+class ActionHead(Protocol):
+    def forward(self, features: Tensor, mask: Tensor | None = None) -> Tensor: ...
+    def sample(self, params: Tensor, generator: torch.Generator | None = None) -> Tensor: ...
+    def mode(self, params: Tensor) -> Tensor: ...
+    def log_prob(self, params: Tensor, actions: Tensor) -> Tensor: ...
+    def entropy(self, params: Tensor) -> Tensor: ...
+    def kl(self, old: Tensor, new: Tensor) -> Tensor: ...
+
+
+def _categorical_log_probs(logits: Tensor, mask: Tensor | None) -> Tensor:
+    if mask is not None:
+        logits = logits.masked_fill(~mask, MASKED_LOGIT)
+    return torch.log_softmax(logits, dim=-1)
+
+
+def _gumbel_argmax(log_probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """Sample by argmax(log p - log E), E ~ Exp(1): the Gumbel-max trick in one kernel."""
+    noise = torch.empty_like(log_probs).exponential_(generator=generator)
+    return (log_probs - noise.log()).argmax(dim=-1)
+
+
+def _categorical_entropy(log_probs: Tensor) -> Tensor:
+    return -(log_probs.exp() * log_probs).sum(-1)
+
+
+def _categorical_kl(old: Tensor, new: Tensor) -> Tensor:
+    return (old.exp() * (old - new)).sum(-1)
+
+
+class CategoricalHead(nn.Module):
+    def __init__(self, in_features: int, n: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_features, n)
+
+    def forward(self, features: Tensor, mask: Tensor | None = None) -> Tensor:
+        return _categorical_log_probs(self.linear(features), mask)
+
+    def sample(self, params: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        return _gumbel_argmax(params, generator)
+
+    def mode(self, params: Tensor) -> Tensor:
+        return params.argmax(-1)
+
+    def log_prob(self, params: Tensor, actions: Tensor) -> Tensor:
+        return params.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+    def entropy(self, params: Tensor) -> Tensor:
+        return _categorical_entropy(params)
+
+    def kl(self, old: Tensor, new: Tensor) -> Tensor:
+        return _categorical_kl(old, new)
+
+
+class MultiCategoricalHead(nn.Module):
+    """Independent categoricals, one per MultiDiscrete component; log-probs add."""
+
+    def __init__(self, in_features: int, nvec: tuple[int, ...]) -> None:
+        super().__init__()
+        self.nvec = list(nvec)
+        self.linear = nn.Linear(in_features, sum(nvec))
+
+    def _blocks(self, params: Tensor) -> tuple[Tensor, ...]:
+        return torch.split(params, self.nvec, dim=-1)
+
+    def forward(self, features: Tensor, mask: Tensor | None = None) -> Tensor:
+        logits = self.linear(features)
+        masks = (
+            torch.split(mask, self.nvec, dim=-1) if mask is not None else [None] * len(self.nvec)
+        )
+        blocks = torch.split(logits, self.nvec, dim=-1)
+        return torch.cat(
+            [_categorical_log_probs(b, m) for b, m in zip(blocks, masks, strict=True)], -1
+        )
+
+    def sample(self, params: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        return torch.stack([_gumbel_argmax(b, generator) for b in self._blocks(params)], -1)
+
+    def mode(self, params: Tensor) -> Tensor:
+        return torch.stack([b.argmax(-1) for b in self._blocks(params)], -1)
+
+    def log_prob(self, params: Tensor, actions: Tensor) -> Tensor:
+        blocks = self._blocks(params)
+        return sum(
+            (
+                b.gather(-1, actions[..., i : i + 1].long()).squeeze(-1)
+                for i, b in enumerate(blocks)
+            ),
+            torch.zeros(params.shape[:-1], dtype=params.dtype),
+        )
+
+    def entropy(self, params: Tensor) -> Tensor:
+        return sum(
+            (_categorical_entropy(b) for b in self._blocks(params)),
+            torch.zeros(params.shape[:-1], dtype=params.dtype),
+        )
+
+    def kl(self, old: Tensor, new: Tensor) -> Tensor:
+        pairs = zip(self._blocks(old), self._blocks(new), strict=True)
+        return sum(
+            (_categorical_kl(o, n) for o, n in pairs),
+            torch.zeros(old.shape[:-1], dtype=old.dtype),
+        )
+
+
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+class DiagGaussianHead(nn.Module):
+    """Gaussian with a learned, state-independent log standard deviation."""
+
+    def __init__(self, in_features: int, dim: int, log_std_init: float = 0.0) -> None:
+        super().__init__()
+        self.dim = dim
+        self.linear = nn.Linear(in_features, dim)
+        self.log_std = nn.Parameter(torch.full((dim,), float(log_std_init)))
+
+    def forward(self, features: Tensor, mask: Tensor | None = None) -> Tensor:
+        mean = self.linear(features)
+        return torch.cat([mean, self.log_std.expand_as(mean)], -1)
+
+    def sample(self, params: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        mean, log_std = params.split(self.dim, -1)
+        noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
+        return mean + noise * log_std.exp()
+
+    def mode(self, params: Tensor) -> Tensor:
+        return params[..., : self.dim]
+
+    def log_prob(self, params: Tensor, actions: Tensor) -> Tensor:
+        mean, log_std = params.split(self.dim, -1)
+        z = (actions - mean) * torch.exp(-log_std)
+        return (-0.5 * z.square() - log_std - _LOG_SQRT_2PI).sum(-1)
+
+    def entropy(self, params: Tensor) -> Tensor:
+        log_std = params[..., self.dim :]
+        return (0.5 + _LOG_SQRT_2PI + log_std).sum(-1)
+
+    def kl(self, old: Tensor, new: Tensor) -> Tensor:
+        mean_old, log_std_old = old.split(self.dim, -1)
+        mean_new, log_std_new = new.split(self.dim, -1)
+        var_ratio = torch.exp(2 * (log_std_old - log_std_new))
+        mean_term = (mean_old - mean_new).square() * torch.exp(-2 * log_std_new)
+        return (0.5 * (var_ratio + mean_term - 1) - (log_std_old - log_std_new)).sum(-1)

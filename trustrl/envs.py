@@ -1,0 +1,125 @@
+"""Environment construction: Gymnasium ids or ``package.module:callable``, three vector backends.
+
+Every backend runs Gymnasium's NEXT_STEP autoreset (the only mode the numpy-vectorized
+CartPole accepts); rollout.py explains how the collector keeps reset steps out of
+training.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+
+from trustrl.config import ConfigError
+
+NEXT_STEP = gym.vector.AutoresetMode.NEXT_STEP
+
+
+def is_entry_point(env_id: str) -> bool:
+    return ":" in env_id and not env_id.startswith(":")
+
+
+def _load_entry_point(env_id: str) -> Callable[..., Any]:
+    module_name, _, attr = env_id.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"env_id {env_id!r}: cannot import module {module_name!r} ({exc})"
+        ) from None
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise ConfigError(
+                f"env_id {env_id!r}: module {module_name!r} has no attribute {attr!r}"
+            )
+        target = getattr(target, part)
+    if not callable(target):
+        raise ConfigError(f"env_id {env_id!r}: {attr!r} is not callable")
+    return target
+
+
+def check_env_id(env_id: str) -> None:
+    """Refuse an unknown id early, with the nearest registered names."""
+    if is_entry_point(env_id):
+        _load_entry_point(env_id)
+        return
+    if env_id in gym.registry:
+        return
+    import difflib
+
+    close = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise ConfigError(
+        f"env_id {env_id!r} is not a registered Gymnasium environment nor a "
+        f"package.module:callable{hint}"
+    )
+
+
+def env_factory(
+    env_id: str, kwargs: dict[str, Any] | None = None, **extra: Any
+) -> Callable[[], gym.Env]:
+    """A zero-argument callable that builds one environment (picklable for subprocesses)."""
+    kwargs = {**(kwargs or {}), **extra}
+    if is_entry_point(env_id):
+        target = _load_entry_point(env_id)
+        return _EntryPointFactory(target, kwargs)
+    return _GymFactory(env_id, kwargs)
+
+
+class _GymFactory:
+    def __init__(self, env_id: str, kwargs: dict[str, Any]) -> None:
+        self.env_id, self.kwargs = env_id, kwargs
+
+    def __call__(self) -> gym.Env:
+        return gym.make(self.env_id, **self.kwargs)
+
+
+class _EntryPointFactory:
+    def __init__(self, target: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+        self.target, self.kwargs = target, kwargs
+
+    def __call__(self) -> gym.Env:
+        env = self.target(**self.kwargs)
+        if not isinstance(env, gym.Env):
+            raise ConfigError(f"{self.target!r} returned {type(env).__name__}, not a gymnasium.Env")
+        return env
+
+
+def has_vector_entry_point(env_id: str) -> bool:
+    return not is_entry_point(env_id) and gym.spec(env_id).vector_entry_point is not None
+
+
+def resolve_backend(env_id: str, backend: str) -> str:
+    """auto: the env's own vectorized implementation where Gymnasium has one, else sync.
+
+    sync is the right default for cheap envs on few cores: subprocesses pay a pipe
+    round trip per step that costs more than a classic-control step itself.
+    """
+    if backend == "auto":
+        return "vector" if has_vector_entry_point(env_id) else "sync"
+    if backend == "vector" and not has_vector_entry_point(env_id):
+        raise ConfigError(
+            f"env.backend 'vector' needs an env with a vectorized implementation in Gymnasium; "
+            f"{env_id!r} has none (use sync, async or auto)"
+        )
+    return backend
+
+
+def make_vec_env(
+    env_id: str, num_envs: int, backend: str = "auto", kwargs: dict[str, Any] | None = None
+) -> gym.vector.VectorEnv:
+    check_env_id(env_id)
+    backend = resolve_backend(env_id, backend)
+    kwargs = dict(kwargs or {})
+    if backend == "vector":
+        return gym.make_vec(
+            env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs
+        )
+    fns = [env_factory(env_id, kwargs) for _ in range(num_envs)]
+    if backend == "async":
+        return gym.vector.AsyncVectorEnv(fns, shared_memory=True, autoreset_mode=NEXT_STEP)
+    return gym.vector.SyncVectorEnv(fns, autoreset_mode=NEXT_STEP)

@@ -1,0 +1,113 @@
+"""Where metrics go: the progress file (CSV), TensorBoard, and the live progress bar."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any, TextIO
+
+# The two clocks: the only columns that differ between same-seed runs.
+TIME_COLUMNS = ("sps", "wall_time")
+
+
+class ProgressFile:
+    """One CSV row per iteration, flushed as written so a killed run keeps its curve."""
+
+    def __init__(self, path: Path, append: bool = False) -> None:
+        self.path = path
+        self.columns: list[str] | None = None
+        if append and path.exists() and path.stat().st_size > 0:
+            with path.open(newline="") as handle:
+                self.columns = next(csv.reader(handle), None)
+        self.handle: TextIO = path.open("a" if append else "w", newline="")
+        self.writer = csv.writer(self.handle)
+
+    def write(self, row: dict[str, float]) -> None:
+        if self.columns is None:
+            self.columns = list(row)
+            self.writer.writerow(self.columns)
+        self.writer.writerow([_format(row.get(c, math.nan)) for c in self.columns])
+        self.handle.flush()
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def _format(value: float) -> str:
+    if isinstance(value, int) or (
+        isinstance(value, float) and value.is_integer() and abs(value) < 1e15
+    ):
+        return str(int(value))
+    return repr(float(value))
+
+
+def read_progress(path: str | Path) -> list[dict[str, float]]:
+    with Path(path).open(newline="") as handle:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(handle)]
+
+
+class TensorBoardWriter:
+    """TensorBoard events with the same names as the progress file, x = env steps."""
+
+    def __init__(self, folder: Path, purge_step: int | None = None) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # heavy: imported where used
+
+        self.writer = SummaryWriter(str(folder), purge_step=purge_step)
+
+    def write(self, row: dict[str, float], step: int) -> None:
+        for key, value in row.items():
+            if isinstance(value, int | float) and math.isfinite(value):
+                self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class ProgressBar:
+    """Env steps, steps per second, recent episode return and time left, live."""
+
+    def __init__(self, total_steps: int, description: str, enabled: bool = True) -> None:
+        self.enabled = enabled
+        if not enabled:
+            return
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("steps"),
+            TextColumn("{task.fields[sps]:>7} sps"),
+            TextColumn("return {task.fields[ret]:>8}"),
+            TimeElapsedColumn(),
+            TextColumn("left"),
+            TimeRemainingColumn(),
+            refresh_per_second=4,
+        )
+        self.task = self.progress.add_task(description, total=total_steps, sps="-", ret="-")
+        self.progress.start()
+
+    def update(self, env_steps: int, sps: float, recent_return: float | None) -> None:
+        if not self.enabled:
+            return
+        ret = f"{recent_return:.1f}" if recent_return is not None else "-"
+        self.progress.update(self.task, completed=env_steps, sps=f"{sps:,.0f}", ret=ret)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.progress.stop()
+
+    def print(self, *objects: Any) -> None:
+        if self.enabled:
+            self.progress.console.print(*objects)
+        else:
+            print(*objects)

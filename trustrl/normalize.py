@@ -1,0 +1,63 @@
+"""Running mean and variance, as a torch module so that it is part of the model.
+
+Gymnasium's NormalizeObservation wrapper keeps its statistics in the environment
+wrapper; trustrl keeps them in the policy instead, so they are saved, loaded,
+exported and evaluated with the weights, always (the statistics are a large part of
+PPO's edge, and a policy restored without them silently acts on differently scaled
+inputs). The same class scales rewards by the spread of the discounted return.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class RunningMeanStd(nn.Module):
+    """Mean and (population) variance over every batch seen, merged in parallel form.
+
+    ``update`` folds a batch in with Chan et al.'s pairwise update of Welford's
+    statistics; ``forward`` standardizes and clips. Statistics are float64 buffers,
+    so they ride along in ``state_dict`` and survive long runs without drift.
+    """
+
+    mean: Tensor
+    var: Tensor
+    count: Tensor
+
+    def __init__(
+        self, shape: tuple[int, ...] | int = (), clip: float = 10.0, epsilon: float = 1e-8
+    ):
+        super().__init__()
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        self.clip = clip
+        self.epsilon = epsilon
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, batch: Tensor) -> None:
+        """Fold in a batch of shape (B, *shape)."""
+        batch = batch.to(torch.float64).reshape(-1, *self.mean.shape)
+        n = batch.shape[0]
+        if n == 0:
+            return
+        batch_mean = batch.mean(0)
+        batch_var = batch.var(0, unbiased=False)
+        total = self.count + n
+        delta = batch_mean - self.mean
+        self.mean += delta * (n / total)
+        self.var.copy_(
+            (self.var * self.count + batch_var * n + delta.square() * (self.count * n / total))
+            / total
+        )
+        self.count.copy_(total)
+
+    def forward(self, x: Tensor) -> Tensor:
+        scale = torch.rsqrt(self.var.to(x.dtype) + self.epsilon)
+        return ((x - self.mean.to(x.dtype)) * scale).clamp(-self.clip, self.clip)
+
+    def scale(self, x: Tensor) -> Tensor:
+        """Divide by the standard deviation only (reward scaling keeps the sign and offset)."""
+        return (x * torch.rsqrt(self.var.to(x.dtype) + self.epsilon)).clamp(-self.clip, self.clip)

@@ -1,0 +1,139 @@
+"""The one rollout buffer and the GAE sweep.
+
+Rows. A rollout is (T, N, ...) with N = num_envs (x agents, later). Row t of env i
+holds the observation the policy acted on, the action, its log-probability and value,
+and what the environment returned for that step.
+
+Episode boundaries under Gymnasium's NEXT_STEP autoreset. When step t ends an
+episode, the env returns the true final observation; the step after that ignores the
+action, resets, and returns the new episode's first observation with reward 0. We
+keep that "reset row" in the buffer with ``valid = False``: it is never trained on,
+and the value the policy computed on it, V(final observation), is exactly the
+bootstrap a truncated episode needs. So ``next_values[t] = values[t + 1]`` holds for
+every row, and one vectorized delta plus one reversed sweep does all the credit
+assignment. Only termination zeroes the bootstrap; termination and truncation both
+stop the accumulation.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def gae(
+    rewards: Tensor,
+    values: Tensor,
+    next_values: Tensor,
+    terminated: Tensor,
+    truncated: Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2016) in one reversed sweep.
+
+    All inputs are (T, N) float tensors. ``next_values[t]`` is V of the observation that
+    step t returned (the final observation when step t ended the episode).
+    Returns (advantages, returns), both (T, N), with returns = advantages + values.
+    """
+    # Bootstrap through time limits: a truncated state is not terminal (Pardo et al. 2018).
+    deltas = rewards + gamma * next_values * (1.0 - terminated) - values
+    carry = gamma * lam * (1.0 - terminated) * (1.0 - truncated)
+    advantages = torch.empty_like(rewards)
+    running = torch.zeros_like(rewards[0])
+    for t in range(rewards.shape[0] - 1, -1, -1):
+        running = deltas[t] + carry[t] * running
+        advantages[t] = running
+    return advantages, advantages + values
+
+
+class Rollout:
+    """Preallocated (T, N) storage filled by the collector and read by the update."""
+
+    def __init__(
+        self,
+        num_steps: int,
+        num_rows: int,
+        obs_dim: int,
+        action_shape: tuple[int, ...],
+        action_dtype: torch.dtype,
+        mask_dim: int | None = None,
+    ) -> None:
+        t, n = num_steps, num_rows
+        self.num_steps, self.num_rows = t, n
+        self.obs = torch.zeros((t, n, obs_dim))  # (T, N, obs_dim), normalized as acted on
+        self.actions = torch.zeros((t, n, *action_shape), dtype=action_dtype)  # (T, N, *act)
+        self.logprob = torch.zeros((t, n))  # (T, N), frozen at collection time
+        self.values = torch.zeros((t, n))  # (T, N)
+        self.rewards = torch.zeros((t, n))  # (T, N), after reward scaling
+        self.terminated = torch.zeros((t, n))  # (T, N), 1.0 where step t terminated
+        self.truncated = torch.zeros((t, n))  # (T, N), 1.0 where step t hit a time limit
+        self.valid = torch.zeros((t, n), dtype=torch.bool)  # (T, N), False on reset rows
+        # (T, N, A) allowed actions, only for masked discrete policies.
+        self.action_mask = (
+            torch.ones((t, n, mask_dim), dtype=torch.bool) if mask_dim is not None else None
+        )
+        self.last_value = torch.zeros(n)  # (N,), V of the observation after the last step
+        self.advantages = torch.zeros((t, n))  # (T, N)
+        self.returns = torch.zeros((t, n))  # (T, N)
+
+    def compute_advantages(self, gamma: float, lam: float) -> None:
+        next_values = torch.cat([self.values[1:], self.last_value[None]])
+        self.advantages, self.returns = gae(
+            self.rewards, self.values, next_values, self.terminated, self.truncated, gamma, lam
+        )
+
+    def flat(self) -> Batch:
+        """The valid rows as one flat batch (a gather: reset rows are dropped)."""
+        index = self.valid.reshape(-1).nonzero().squeeze(1)
+
+        def rows(x: Tensor) -> Tensor:
+            return x.reshape(-1, *x.shape[2:])[index]
+
+        return Batch(
+            obs=rows(self.obs),
+            actions=rows(self.actions),
+            logprob=rows(self.logprob),
+            values=rows(self.values),
+            advantages=rows(self.advantages),
+            returns=rows(self.returns),
+            action_mask=rows(self.action_mask) if self.action_mask is not None else None,
+        )
+
+
+class Batch:
+    """Flat training samples: every tensor's first dimension is the sample index."""
+
+    __slots__ = ("action_mask", "actions", "advantages", "logprob", "obs", "returns", "values")
+
+    def __init__(
+        self,
+        obs: Tensor,
+        actions: Tensor,
+        logprob: Tensor,
+        values: Tensor,
+        advantages: Tensor,
+        returns: Tensor,
+        action_mask: Tensor | None = None,
+    ) -> None:
+        self.obs = obs  # (B, obs_dim)
+        self.actions = actions  # (B, *act)
+        self.logprob = logprob  # (B,)
+        self.values = values  # (B,)
+        self.advantages = advantages  # (B,)
+        self.returns = returns  # (B,)
+        self.action_mask = action_mask  # (B, A) or None
+
+    def __len__(self) -> int:
+        return self.obs.shape[0]
+
+    def __getitem__(self, index: Tensor) -> Batch:
+        return Batch(
+            self.obs[index],
+            self.actions[index],
+            self.logprob[index],
+            self.values[index],
+            self.advantages[index],
+            self.returns[index],
+            self.action_mask[index] if self.action_mask is not None else None,
+        )

@@ -1,0 +1,146 @@
+"""What the policy needs to know about an environment's spaces, as plain data.
+
+A ``SpaceSpec`` is built once from the Gymnasium spaces, travels in checkpoints as
+JSON (so a checkpoint can say exactly which spaces it was trained for), and converts
+observations into the flat float32 rows the networks read and sampled actions back
+into what the environment accepts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+ActionKind = Literal["discrete", "multidiscrete", "box"]
+
+
+@dataclass(frozen=True)
+class SpaceSpec:
+    obs_shape: tuple[int, ...]
+    action_kind: ActionKind
+    action_shape: tuple[int, ...]
+    """() for Discrete, (k,) for MultiDiscrete and for Box actions (flattened)."""
+    nvec: tuple[int, ...] = ()
+    """Choices per discrete component: (n,) for Discrete, the nvec of MultiDiscrete."""
+    low: tuple[float, ...] = ()
+    high: tuple[float, ...] = ()
+    env_action_shape: tuple[int, ...] = ()
+    """Shape the env expects for one Box action (before flattening)."""
+    dict_obs: bool = False
+    """Observations are dicts with 'observation' and 'action_mask' keys."""
+    masked: bool = False
+    """The env supplies a discrete action mask (dict observation or info['action_mask'])."""
+
+    @property
+    def obs_dim(self) -> int:
+        return math.prod(self.obs_shape)
+
+    @property
+    def mask_dim(self) -> int | None:
+        return sum(self.nvec) if self.masked else None
+
+    @property
+    def action_dtype(self) -> torch.dtype:
+        return torch.float32 if self.action_kind == "box" else torch.int64
+
+    @classmethod
+    def from_spaces(
+        cls, observation_space: gym.Space, action_space: gym.Space, info_mask: bool = False
+    ) -> SpaceSpec:
+        dict_obs = isinstance(observation_space, gym.spaces.Dict)
+        if dict_obs:
+            keys = set(observation_space.spaces)
+            if keys != {"observation", "action_mask"}:
+                raise ValueError(
+                    "dict observations must have exactly the keys 'observation' and "
+                    f"'action_mask', got {sorted(keys)}"
+                )
+            observation_space = observation_space["observation"]
+        if not isinstance(observation_space, gym.spaces.Box):
+            raise ValueError(
+                f"observation space must be a Box (or a Dict of observation and action_mask), "
+                f"got {observation_space}"
+            )
+        obs_shape = tuple(int(d) for d in observation_space.shape)
+        masked = dict_obs or info_mask
+        if isinstance(action_space, gym.spaces.Discrete):
+            return cls(
+                obs_shape, "discrete", (), (int(action_space.n),), dict_obs=dict_obs, masked=masked
+            )
+        if masked:
+            raise ValueError(f"action masks are supported for Discrete actions, got {action_space}")
+        if isinstance(action_space, gym.spaces.MultiDiscrete):
+            if action_space.nvec.ndim != 1:
+                raise ValueError(
+                    f"MultiDiscrete actions must be one-dimensional, got {action_space}"
+                )
+            nvec = tuple(int(n) for n in action_space.nvec)
+            return cls(obs_shape, "multidiscrete", (len(nvec),), nvec)
+        if isinstance(action_space, gym.spaces.Box):
+            size = math.prod(action_space.shape)
+            return cls(
+                obs_shape,
+                "box",
+                (size,),
+                low=tuple(float(x) for x in action_space.low.reshape(-1)),
+                high=tuple(float(x) for x in action_space.high.reshape(-1)),
+                env_action_shape=tuple(int(d) for d in action_space.shape),
+            )
+        raise ValueError(f"action space must be Discrete, MultiDiscrete or Box, got {action_space}")
+
+    def split(
+        self, raw: Any, info: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """A batch of raw observations -> (float32 (B, obs_dim), bool (B, A) mask or None)."""
+        mask = None
+        if self.dict_obs:
+            mask = np.asarray(raw["action_mask"], dtype=bool)
+            raw = raw["observation"]
+        elif self.masked:
+            mask = _info_mask(info, len(raw), self.mask_dim or 0)
+        obs = np.asarray(raw, dtype=np.float32).reshape(len(raw), self.obs_dim)
+        return obs, mask
+
+    def to_env(self, actions: torch.Tensor) -> np.ndarray:
+        """Sampled actions (B, *action_shape) -> what a vector env accepts.
+
+        Box samples are clipped to the bounds here, on their way into the env only: the
+        rollout keeps the unclipped sample, whose log-probability is the one trained on.
+        """
+        array = actions.numpy()
+        if self.action_kind == "box":
+            array = np.clip(array, self._low_array, self._high_array)
+            return array.reshape(len(array), *self.env_action_shape)
+        return array
+
+    @cached_property
+    def _low_array(self) -> np.ndarray:
+        return np.asarray(self.low, dtype=np.float32)
+
+    @cached_property
+    def _high_array(self) -> np.ndarray:
+        return np.asarray(self.high, dtype=np.float32)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SpaceSpec:
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+def _info_mask(info: dict[str, Any] | None, batch: int, size: int) -> np.ndarray:
+    """info['action_mask'] from a vector env; rows without one allow every action."""
+    mask = np.ones((batch, size), dtype=bool)
+    if info and "action_mask" in info:
+        present = info.get("_action_mask", np.ones(batch, dtype=bool))
+        values = info["action_mask"]
+        for row in np.flatnonzero(present):
+            mask[row] = np.asarray(values[row], dtype=bool)
+    return mask

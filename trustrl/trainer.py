@@ -1,0 +1,234 @@
+"""The training loop: collect -> advantages -> update -> log -> checkpoint.
+
+The trainer never branches on the algorithm: it calls the update registered for
+``config.algo`` (see updates/__init__.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import warnings
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tomli_w
+import torch
+
+from trustrl.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    prune,
+    set_latest,
+    write_checkpoint,
+)
+from trustrl.collect import Collector, EpisodeStats
+from trustrl.config import Config, config_from_dict, config_to_dict
+from trustrl.envs import make_vec_env
+from trustrl.evaluate import EvalResult, evaluate
+from trustrl.logging import ProgressBar, ProgressFile, TensorBoardWriter
+from trustrl.policy import Policy
+from trustrl.rollout import Rollout
+from trustrl.spaces import SpaceSpec
+from trustrl.updates import make_update
+
+CHECKPOINT_KEEP = 3
+
+
+def default_run_dir(config: Config) -> Path:
+    name = config.env_id.replace(":", "_").replace("/", "_")
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{name}__{config.algo}__{config.seed}__{stamp}"
+
+
+def check_writable(folder: Path) -> None:
+    """Fail at start, not at the first checkpoint, when the run folder cannot be written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise CheckpointError(
+            f"run folder {folder} is not writable: {exc.strerror or exc}"
+        ) from None
+
+
+class Trainer:
+    def __init__(
+        self, config: Config, run_dir: str | Path | None = None, resume: bool = False
+    ) -> None:
+        self.config = config
+        self.run_dir = Path(run_dir or config.run_dir or default_run_dir(config))
+        check_writable(self.run_dir)
+        torch.set_num_threads(config.torch_threads)
+        torch.manual_seed(config.seed)
+
+        envs = make_vec_env(
+            config.env_id, config.env.num_envs, config.env.backend, config.env.kwargs
+        )
+        self.collector = Collector(
+            envs,
+            config.seed,
+            gamma=config.rollout.gamma,
+            normalize_reward=config.env.normalize_reward,
+            reward_clip=config.env.reward_clip,
+        )
+        spec: SpaceSpec = self.collector.spec
+        self.policy = Policy(spec, config.policy, config.env.normalize_obs, config.env.obs_clip)
+        self.update = make_update(config, self.policy)
+        self.rollout = Rollout(
+            config.rollout.num_steps,
+            config.env.num_envs,
+            spec.obs_dim,
+            spec.action_shape,
+            spec.action_dtype,
+            spec.mask_dim,
+        )
+        self.iteration = 0
+        self.env_steps = 0
+        self.wall_time = 0.0
+        self.eval_result: EvalResult | None = None
+        if resume:
+            self._restore()
+
+    # State for checkpoints.
+
+    def training_state(self) -> dict[str, Any]:
+        return {
+            "update": self.update.state_dict(),
+            "collector": self.collector.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def save(self, name: str) -> Path:
+        checkpoints = self.run_dir / "checkpoints"
+        meta = {
+            "config": config_to_dict(self.config),
+            "iteration": self.iteration,
+            "env_steps": self.env_steps,
+            "wall_time": self.wall_time,
+        }
+        folder = write_checkpoint(checkpoints / name, self.policy, meta, self.training_state())
+        set_latest(checkpoints, name)
+        prune(checkpoints, CHECKPOINT_KEEP)
+        return folder
+
+    def _restore(self) -> None:
+        _, meta, policy, state = load_checkpoint(self.run_dir)
+        saved = config_from_dict(meta["config"])
+        if saved.env_id != self.config.env_id or saved.algo != self.config.algo:
+            raise CheckpointError(
+                f"{self.run_dir} holds a {saved.algo} run on {saved.env_id}, not "
+                f"{self.config.algo} on {self.config.env_id}"
+            )
+        if policy.spec != self.policy.spec:
+            raise CheckpointError(f"{self.run_dir} was trained for other spaces: {policy.spec}")
+        self.policy.load_state_dict(policy.state_dict())
+        self.update.load_state_dict(state["update"])
+        self.collector.load_state_dict(state["collector"])
+        torch.set_rng_state(state["torch_rng"])
+        self.iteration = meta["iteration"]
+        self.env_steps = meta["env_steps"]
+        self.wall_time = meta["wall_time"]
+
+    # The loop.
+
+    def train(self) -> Policy:
+        cfg = self.config
+        resumed = self.iteration > 0
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.toml").write_text(tomli_w.dumps(config_to_dict(cfg)))
+        progress_file = ProgressFile(self.run_dir / "progress.csv", append=resumed)
+        tensorboard = TensorBoardWriter(
+            self.run_dir / "tensorboard", purge_step=self.env_steps or None
+        )
+        bar = ProgressBar(cfg.num_iterations * cfg.batch_size, cfg.env_id, enabled=not cfg.quiet)
+        bar.update(self.env_steps, 0.0, None)
+        start = time.perf_counter() - self.wall_time
+        session_start, session_steps = time.perf_counter(), 0
+        recent: list[float] = []
+        try:
+            while self.iteration < cfg.num_iterations:
+                progress = self.iteration / cfg.num_iterations
+                episodes = self.collector.collect(self.policy, self.rollout)
+                self.rollout.compute_advantages(cfg.rollout.gamma, cfg.rollout.gae_lambda)
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    metrics = self.update(self.policy, self.rollout, progress)
+                for warning in caught:
+                    bar.print(f"[iteration {self.iteration + 1}] warning: {warning.message}")
+                self.iteration += 1
+                self.env_steps += cfg.batch_size
+                session_steps += cfg.batch_size
+                self.wall_time = time.perf_counter() - start
+                sps = session_steps / max(time.perf_counter() - session_start, 1e-9)
+                row = {
+                    "iteration": float(self.iteration),
+                    "env_steps": float(self.env_steps),
+                    **episode_metrics(episodes),
+                    **metrics,
+                    "sps": sps,
+                    "wall_time": self.wall_time,
+                }
+                progress_file.write(row)
+                tensorboard.write(row, self.env_steps)
+                recent = (recent + episodes.returns)[-20:]
+                bar.update(self.env_steps, sps, float(np.mean(recent)) if recent else None)
+                if self.iteration % cfg.checkpoint_every == 0:
+                    self.save(f"iter_{self.iteration:08d}")
+            self.save("final")
+        finally:
+            bar.close()
+            progress_file.close()
+            tensorboard.close()
+            self.collector.close()
+
+        if cfg.eval_episodes > 0:
+            self.eval_result = evaluate(
+                self.policy,
+                cfg.env_id,
+                cfg.eval_episodes,
+                deterministic=True,
+                seed=cfg.seed + 1_000_000,
+                env_kwargs=cfg.env.kwargs,
+            )
+            (self.run_dir / "eval.json").write_text(_json(self.eval_result.to_json()))
+        return self.policy
+
+
+def episode_metrics(episodes: EpisodeStats) -> dict[str, float]:
+    """Statistics over the episodes that finished during the iteration (nan if none)."""
+    if not episodes.returns:
+        nan = math.nan
+        return {
+            "episode_return_mean": nan,
+            "episode_return_std": nan,
+            "episode_return_min": nan,
+            "episode_return_max": nan,
+            "episode_length_mean": nan,
+            "episodes": 0.0,
+        }
+    returns = np.asarray(episodes.returns)
+    return {
+        "episode_return_mean": float(returns.mean()),
+        "episode_return_std": float(returns.std()),
+        "episode_return_min": float(returns.min()),
+        "episode_return_max": float(returns.max()),
+        "episode_length_mean": float(np.mean(episodes.lengths)),
+        "episodes": float(len(returns)),
+    }
+
+
+def _json(data: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(data, indent=1) + os.linesep
+
+
+def train(config: Config, run_dir: str | Path | None = None) -> Policy:
+    """Train a policy for ``config`` and return it (the run folder is written as by the CLI)."""
+    return Trainer(config, run_dir).train()

@@ -1,0 +1,229 @@
+"""The PPO update step: shuffled minibatch epochs over one rollout -> metrics.
+
+Two optimizer settings share the loop. Shared (the CleanRL/SB3 habit): one Adam over
+all weights, loss = policy - ent_coef * entropy + vf_coef * value, and a KL stop ends
+the whole update. Separate (Spinning Up and the multi-agent kernel): an actor Adam
+at ``pi_lr`` and a critic Adam at ``vf_lr``; the critic keeps fitting for its own
+``vf_epochs`` after the policy stopped on KL.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from trustrl.config import PPOConfig
+from trustrl.losses import (
+    approx_kl,
+    clip_fraction,
+    clipped_surrogate,
+    explained_variance,
+    normalize_advantages,
+    value_loss,
+)
+from trustrl.policy import Policy
+from trustrl.rollout import Batch, Rollout
+
+
+class PPOUpdate:
+    def __init__(self, policy: Policy, config: PPOConfig, seed: int = 0) -> None:
+        self.config = config
+        self.generator = torch.Generator().manual_seed(seed)
+        self.optimizers: dict[str, torch.optim.Optimizer]
+        self.base_lr: dict[str, float]
+        # eps=1e-5 rather than Adam's 1e-8: the value of OpenAI baselines' PPO2, kept by
+        # CleanRL; it damps steps on weights whose gradients are consistently tiny.
+        if config.separate_optimizers:
+            assert config.pi_lr is not None and config.vf_lr is not None
+            self.base_lr = {"pi": config.pi_lr, "vf": config.vf_lr}
+            self.optimizers = {
+                "pi": torch.optim.Adam(policy.actor_parameters(), lr=config.pi_lr, eps=1e-5),
+                "vf": torch.optim.Adam(policy.critic_parameters(), lr=config.vf_lr, eps=1e-5),
+            }
+        else:
+            self.base_lr = {"all": config.learning_rate}
+            self.optimizers = {
+                "all": torch.optim.Adam(policy.parameters(), lr=config.learning_rate, eps=1e-5)
+            }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizers": {k: opt.state_dict() for k, opt in self.optimizers.items()},
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, opt in self.optimizers.items():
+            opt.load_state_dict(state["optimizers"][key])
+        self.generator.set_state(state["generator"])
+
+    def __call__(self, policy: Policy, rollout: Rollout, progress: float) -> dict[str, float]:
+        """One update on a rollout whose advantages are computed; ``progress`` in [0, 1)."""
+        cfg = self.config
+        remaining = 1.0 - progress
+        for key, opt in self.optimizers.items():
+            lr = self.base_lr[key] * (remaining if cfg.anneal_lr else 1.0)
+            for group in opt.param_groups:
+                group["lr"] = lr
+        clip_coef = cfg.clip_coef * (remaining if cfg.anneal_clip else 1.0)
+
+        batch = rollout.flat()
+        size = len(batch)
+        separate = cfg.separate_optimizers
+        pi_epochs = cfg.update_epochs
+        vf_epochs = (cfg.vf_epochs or cfg.update_epochs) if separate else pi_epochs
+        minibatch_size = max(1, math.ceil(size / cfg.num_minibatches))
+
+        pi_stopped = False
+        stop_iter = pi_epochs
+        epoch_stats: list[dict[str, list[float]]] = []
+        skipped: dict[str, int] = {}
+        clip_fractions: list[float] = []
+
+        for epoch in range(max(pi_epochs, vf_epochs)):
+            if not ((epoch < pi_epochs and not pi_stopped) or (epoch < vf_epochs and separate)):
+                break
+            stats: dict[str, list[float]] = {"pi": [], "vf": [], "kl": [], "entropy": []}
+            epoch_stats.append(stats)
+            order = torch.randperm(size, generator=self.generator)
+            for index in order.split(minibatch_size):
+                fit_pi = epoch < pi_epochs and not pi_stopped
+                fit_vf = epoch < vf_epochs and (separate or not pi_stopped)
+                if not (fit_pi or fit_vf):
+                    break
+                mb = batch[index]
+                terms: dict[str, Tensor] = {}
+                if fit_pi:
+                    pi_terms, kl = self._policy_terms(policy, mb, clip_coef)
+                    stats["kl"].append(kl)
+                    # Checked before the step it would overshoot, not after (the
+                    # multi-agent seed kernel's mistake): this step is never taken.
+                    if cfg.target_kl is not None and kl > cfg.target_kl:
+                        pi_stopped, stop_iter = True, epoch + 1
+                        if not separate:
+                            break
+                    else:
+                        terms.update(pi_terms)
+                        clip_fractions.append(
+                            float(clip_fraction(pi_terms["log_ratio"], clip_coef))
+                        )
+                if fit_vf:
+                    new_values = policy.value(mb.obs)
+                    terms["value"] = value_loss(new_values, mb.values, mb.returns, cfg.vf_clip_coef)
+                if "policy" in terms or "value" in terms:
+                    self._step(policy, terms, stats, skipped)
+
+        if skipped:
+            detail = ", ".join(f"{term} ({count}x)" for term, count in skipped.items())
+            warnings.warn(
+                f"non-finite loss term: {detail}; those minibatch steps were skipped and "
+                "training goes on from the last good weights",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+        metrics = _summarize(epoch_stats)
+        metrics.update(
+            clip_fraction=_mean(clip_fractions),
+            explained_variance=explained_variance(batch.values, batch.returns),
+            stop_iter=float(stop_iter),
+            learning_rate=self.optimizers["pi" if separate else "all"].param_groups[0]["lr"],
+            clip_coef=clip_coef,
+            nonfinite_skips=float(sum(skipped.values())),
+        )
+        if separate:
+            metrics["vf_learning_rate"] = self.optimizers["vf"].param_groups[0]["lr"]
+        return metrics
+
+    def _policy_terms(
+        self, policy: Policy, mb: Batch, clip_coef: float
+    ) -> tuple[dict[str, Tensor], float]:
+        params = policy.dist_params(mb.obs, mb.action_mask)
+        logprob = policy.head.log_prob(params, mb.actions)
+        advantages = normalize_advantages(mb.advantages) if self.config.norm_adv else mb.advantages
+        loss, log_ratio = clipped_surrogate(logprob, mb.logprob, advantages, clip_coef)
+        entropy = policy.head.entropy(params).mean()
+        with torch.no_grad():
+            kl = float(approx_kl(log_ratio))
+        return {"policy": loss, "entropy": entropy, "log_ratio": log_ratio.detach()}, kl
+
+    def _step(
+        self,
+        policy: Policy,
+        terms: dict[str, Tensor],
+        stats: dict[str, list[float]],
+        skipped: dict[str, int],
+    ) -> None:
+        """Backward and step, unless a term or the gradient is non-finite."""
+        cfg = self.config
+        bad = [
+            name
+            for name in ("policy", "entropy", "value")
+            if name in terms and not torch.isfinite(terms[name])
+        ]
+        for name in bad:
+            skipped[name] = skipped.get(name, 0) + 1
+        if bad:
+            return
+        if "policy" in terms:
+            stats["pi"].append(terms["policy"].item())
+            stats["entropy"].append(terms["entropy"].item())
+        if "value" in terms:
+            stats["vf"].append(terms["value"].item())
+
+        losses: list[tuple[str, Tensor, list[nn.Parameter]]] = []
+        actor_loss = (
+            terms["policy"] - cfg.ent_coef * terms["entropy"] if "policy" in terms else None
+        )
+        if cfg.separate_optimizers:
+            if actor_loss is not None:
+                losses.append(("pi", actor_loss, policy.actor_parameters()))
+            if "value" in terms:
+                losses.append(("vf", terms["value"], policy.critic_parameters()))
+        else:
+            total = cfg.vf_coef * terms["value"]
+            if actor_loss is not None:
+                total = total + actor_loss
+            losses.append(("all", total, list(policy.parameters())))
+
+        for key, loss, params in losses:
+            opt = self.optimizers[key]
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            norm = nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            if not torch.isfinite(norm):
+                skipped["gradient"] = skipped.get("gradient", 0) + 1
+                opt.zero_grad(set_to_none=True)
+                continue
+            opt.step()
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def _summarize(epoch_stats: list[dict[str, list[float]]]) -> dict[str, float]:
+    """Last-epoch means, and their change since the first epoch (the seed kernel's deltas)."""
+
+    def first_last(key: str) -> tuple[float, float]:
+        epochs = [s[key] for s in epoch_stats if s[key]]
+        if not epochs:
+            return float("nan"), float("nan")
+        return _mean(epochs[0]), _mean(epochs[-1])
+
+    pi_first, pi_last = first_last("pi")
+    vf_first, vf_last = first_last("vf")
+    _, kl_last = first_last("kl")
+    _, entropy_last = first_last("entropy")
+    return {
+        "loss_pi": pi_last,
+        "delta_loss_pi": pi_last - pi_first,
+        "loss_v": vf_last,
+        "delta_loss_v": vf_last - vf_first,
+        "approx_kl": kl_last,
+        "entropy": entropy_last,
+    }
