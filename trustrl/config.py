@@ -238,6 +238,11 @@ class Config:
     """Deterministic evaluation episodes at the end of training (0: none)."""
     checkpoint_every: int = 10
     """Write a checkpoint every this many iterations (the final one is always written)."""
+    eval_every: int = 0
+    """Also evaluate deterministically every this many iterations (0: only at the end)."""
+    target_return: float | None = None
+    """Stop early once a deterministic evaluation reaches this mean return. Evaluations for
+    it run when the mean of the last 20 training episodes reaches it too."""
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -262,6 +267,16 @@ class Config:
         _check_int("torch_threads", self.torch_threads, 1)
         _check_int("eval_episodes", self.eval_episodes, 0)
         _check_int("checkpoint_every", self.checkpoint_every, 1)
+        _check_int("eval_every", self.eval_every, 0)
+        if self.target_return is not None:
+            _require(
+                isinstance(self.target_return, int | float) and math.isfinite(self.target_return),
+                f"target_return must be a finite number, got {self.target_return!r}",
+            )
+            _require(
+                self.eval_episodes > 0,
+                f"target_return needs eval_episodes > 0, got {self.eval_episodes}",
+            )
         minibatches = self.ppo.num_minibatches
         _require(
             minibatches <= self.batch_size,

@@ -164,6 +164,9 @@ class Trainer:
                 self.iteration += 1
                 self.env_steps += cfg.batch_size
                 session_steps += cfg.batch_size
+                recent = (recent + episodes.returns)[-20:]
+                recent_mean = float(np.mean(recent)) if recent else None
+                evaluation = self._periodic_eval(recent_mean)
                 self.wall_time = time.perf_counter() - start
                 sps = session_steps / max(time.perf_counter() - session_start, 1e-9)
                 row = {
@@ -171,15 +174,23 @@ class Trainer:
                     "env_steps": float(self.env_steps),
                     **episode_metrics(episodes),
                     **metrics,
+                    "eval_return_mean": evaluation.mean_return if evaluation else math.nan,
                     "sps": sps,
                     "wall_time": self.wall_time,
                 }
                 progress_file.write(row)
                 tensorboard.write(row, self.env_steps)
-                recent = (recent + episodes.returns)[-20:]
-                bar.update(self.env_steps, sps, float(np.mean(recent)) if recent else None)
+                bar.update(self.env_steps, sps, recent_mean)
                 if self.iteration % cfg.checkpoint_every == 0:
                     self.save(f"iter_{self.iteration:08d}")
+                target = cfg.target_return
+                if evaluation and target is not None and evaluation.mean_return >= target:
+                    self.eval_result = evaluation
+                    bar.print(
+                        f"solved: evaluation mean {evaluation.mean_return:.1f} >= {target:g} "
+                        f"after {self.env_steps:,} env steps"
+                    )
+                    break
             self.save("final")
         finally:
             bar.close()
@@ -188,16 +199,32 @@ class Trainer:
             self.collector.close()
 
         if cfg.eval_episodes > 0:
-            self.eval_result = evaluate(
-                self.policy,
-                cfg.env_id,
-                cfg.eval_episodes,
-                deterministic=True,
-                seed=cfg.seed + 1_000_000,
-                env_kwargs=cfg.env.kwargs,
-            )
+            if self.eval_result is None:
+                self.eval_result = self.evaluate()
             (self.run_dir / "eval.json").write_text(_json(self.eval_result.to_json()))
         return self.policy
+
+    def evaluate(self) -> EvalResult:
+        """Deterministic evaluation on held-out seeds, normalizer frozen."""
+        cfg = self.config
+        return evaluate(
+            self.policy,
+            cfg.env_id,
+            cfg.eval_episodes,
+            deterministic=True,
+            seed=cfg.seed + 1_000_000,
+            env_kwargs=cfg.env.kwargs,
+        )
+
+    def _periodic_eval(self, recent_mean: float | None) -> EvalResult | None:
+        cfg = self.config
+        due = cfg.eval_every > 0 and self.iteration % cfg.eval_every == 0
+        near = (
+            cfg.target_return is not None
+            and recent_mean is not None
+            and recent_mean >= cfg.target_return
+        )
+        return self.evaluate() if (due or near) else None
 
 
 def episode_metrics(episodes: EpisodeStats) -> dict[str, float]:
