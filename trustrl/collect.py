@@ -56,6 +56,15 @@ class Collector:
         )
         self.obs, self.mask = self.spec.split(raw, info)  # (N, obs_dim), (N, A) or None
 
+    def reset(self, seed: int) -> None:
+        """Start fresh episodes in every env (unfinished episodes are dropped)."""
+        raw, info = self.envs.reset(seed=seed)
+        self.obs, self.mask = self.spec.split(raw, info)
+        self.resetting[:] = False
+        self.discounted_return[:] = 0.0
+        self.episode_return[:] = 0.0
+        self.episode_length[:] = 0
+
     def collect(self, policy: Policy, rollout: Rollout, train: bool = True) -> EpisodeStats:
         """Fill every row of ``rollout``; with ``train``, update the normalizers as we go."""
         stats = EpisodeStats()

@@ -74,7 +74,6 @@ class ProgressBar:
             return
         from rich.progress import (
             BarColumn,
-            MofNCompleteColumn,
             Progress,
             TextColumn,
             TimeElapsedColumn,
@@ -83,11 +82,10 @@ class ProgressBar:
 
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("steps"),
-            TextColumn("{task.fields[sps]:>7} sps"),
-            TextColumn("return {task.fields[ret]:>8}"),
+            BarColumn(bar_width=16),
+            TextColumn("{task.completed:,}/{task.total:,} steps"),
+            TextColumn("{task.fields[sps]} sps"),
+            TextColumn("return {task.fields[ret]}"),
             TimeElapsedColumn(),
             TextColumn("left"),
             TimeRemainingColumn(),

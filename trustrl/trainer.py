@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import threading
 import time
 import warnings
 from datetime import datetime
@@ -92,6 +94,7 @@ class Trainer:
         self.env_steps = 0
         self.wall_time = 0.0
         self.eval_result: EvalResult | None = None
+        self.interrupted = False
         if resume:
             self._restore()
 
@@ -134,6 +137,9 @@ class Trainer:
         self.iteration = meta["iteration"]
         self.env_steps = meta["env_steps"]
         self.wall_time = meta["wall_time"]
+        # Environment state is not in the checkpoint: continue with fresh episodes, seeded
+        # apart from the ones the run began with.
+        self.collector.reset(self.config.seed + self.iteration)
 
     # The loop.
 
@@ -151,8 +157,14 @@ class Trainer:
         start = time.perf_counter() - self.wall_time
         session_start, session_steps = time.perf_counter(), 0
         recent: list[float] = []
+        stop = _StopOnInterrupt()
         try:
             while self.iteration < cfg.num_iterations:
+                if stop.requested:
+                    # A Ctrl-C lands between iterations, so the checkpoint is a clean boundary.
+                    self.interrupted = True
+                    self.save(f"iter_{self.iteration:08d}")
+                    return self.policy
                 progress = self.iteration / cfg.num_iterations
                 episodes = self.collector.collect(self.policy, self.rollout)
                 self.rollout.compute_advantages(cfg.rollout.gamma, cfg.rollout.gae_lambda)
@@ -193,6 +205,7 @@ class Trainer:
                     break
             self.save("final")
         finally:
+            stop.restore()
             bar.close()
             progress_file.close()
             tensorboard.close()
@@ -225,6 +238,26 @@ class Trainer:
             and recent_mean >= cfg.target_return
         )
         return self.evaluate() if (due or near) else None
+
+
+class _StopOnInterrupt:
+    """First Ctrl-C: finish the iteration, checkpoint, return. Second: stop at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\ninterrupt: checkpointing after this iteration (Ctrl-C again to abort)", flush=True)
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 def episode_metrics(episodes: EpisodeStats) -> dict[str, float]:
