@@ -54,7 +54,7 @@ class SpaceSpec:
         cls, observation_space: gym.Space, action_space: gym.Space, info_mask: bool = False
     ) -> SpaceSpec:
         dict_obs = isinstance(observation_space, gym.spaces.Dict)
-        if dict_obs:
+        if isinstance(observation_space, gym.spaces.Dict):
             keys = set(observation_space.spaces)
             if keys != {"observation", "action_mask"}:
                 raise ValueError(
@@ -132,7 +132,8 @@ class SpaceSpec:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SpaceSpec:
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        return cls(**fields)
 
 
 def _info_mask(info: dict[str, Any] | None, batch: int, size: int) -> np.ndarray:
