@@ -22,6 +22,7 @@ from trustrl.config import (
     PolicyConfig,
     PPOConfig,
     RolloutConfig,
+    TRPOConfig,
     resolve,
 )
 
@@ -42,6 +43,7 @@ __all__ = [
     "PPOConfig",
     "PolicyConfig",
     "RolloutConfig",
+    "TRPOConfig",
     "resolve",
     *_LAZY,
 ]

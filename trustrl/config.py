@@ -21,7 +21,7 @@ from typing import Any, Literal, get_args
 
 Activation = Literal["tanh", "relu"]
 Backend = Literal["auto", "sync", "async", "vector"]
-Algo = Literal["ppo"]
+Algo = Literal["ppo", "trpo"]
 
 
 class ConfigError(ValueError):
@@ -216,6 +216,43 @@ class PPOConfig:
 
 
 @dataclass(frozen=True)
+class TRPOConfig:
+    """The TRPO update: natural-gradient policy step under a hard KL bound, critic by Adam."""
+
+    max_kl: float = 0.01
+    """KL radius: an accepted policy step has mean KL(old || new) <= max_kl."""
+    cg_iters: int = 10
+    """Conjugate-gradient iterations for F x = g."""
+    cg_damping: float = 0.1
+    """Damping added to the Fisher-vector product (F + damping I) v."""
+    cg_residual_tol: float = 1e-10
+    """Conjugate gradient stops early once the squared residual norm falls below this."""
+    line_search_steps: int = 10
+    """Backtracking tries; each shrinks the step by line_search_shrink."""
+    line_search_shrink: float = 0.8
+    """Step shrink factor between line-search tries."""
+    vf_lr: float = 1e-3
+    """Critic Adam step size."""
+    train_vf_iters: int = 5
+    """Passes over the rollout for the critic."""
+    minibatches: int = 4
+    """Critic minibatches per pass."""
+    norm_adv: bool = True
+    """Normalize advantages over the batch."""
+
+    def __post_init__(self) -> None:
+        _check_positive("trpo.max_kl", self.max_kl)
+        _check_int("trpo.cg_iters", self.cg_iters, 1)
+        _check_non_negative("trpo.cg_damping", self.cg_damping)
+        _check_non_negative("trpo.cg_residual_tol", self.cg_residual_tol)
+        _check_int("trpo.line_search_steps", self.line_search_steps, 1)
+        _check_unit("trpo.line_search_shrink", self.line_search_shrink, closed=False)
+        _check_positive("trpo.vf_lr", self.vf_lr)
+        _check_int("trpo.train_vf_iters", self.train_vf_iters, 1)
+        _check_int("trpo.minibatches", self.minibatches, 1)
+
+
+@dataclass(frozen=True)
 class Config:
     """One training run."""
 
@@ -247,6 +284,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    trpo: TRPOConfig = field(default_factory=TRPOConfig)
 
     @property
     def batch_size(self) -> int:
@@ -277,10 +315,14 @@ class Config:
                 self.eval_episodes > 0,
                 f"target_return needs eval_episodes > 0, got {self.eval_episodes}",
             )
-        minibatches = self.ppo.num_minibatches
+        name, minibatches = (
+            ("ppo.num_minibatches", self.ppo.num_minibatches)
+            if self.algo == "ppo"
+            else ("trpo.minibatches", self.trpo.minibatches)
+        )
         _require(
             minibatches <= self.batch_size,
-            f"ppo.num_minibatches must be <= env.num_envs x rollout.num_steps = {self.batch_size}, "
+            f"{name} must be <= env.num_envs x rollout.num_steps = {self.batch_size}, "
             f"got {minibatches}",
         )
 
@@ -290,6 +332,7 @@ SECTIONS: dict[str, type] = {
     "rollout": RolloutConfig,
     "policy": PolicyConfig,
     "ppo": PPOConfig,
+    "trpo": TRPOConfig,
 }
 
 

@@ -132,7 +132,9 @@ class SpaceSpec:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SpaceSpec:
-        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        fields: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in data.items()
+        }
         return cls(**fields)
 
 

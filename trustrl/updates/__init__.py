@@ -18,6 +18,7 @@ class Update(Protocol):
 def make_update(config: Config, policy: Policy) -> Update:
     """The update registered for ``config.algo``, configured by the section of that name."""
     from trustrl.updates.ppo import PPOUpdate
+    from trustrl.updates.trpo import TRPOUpdate
 
-    registry: dict[str, Any] = {"ppo": PPOUpdate}
+    registry: dict[str, Any] = {"ppo": PPOUpdate, "trpo": TRPOUpdate}
     return registry[config.algo](policy, getattr(config, config.algo), seed=config.seed)

@@ -1,0 +1,208 @@
+"""The TRPO update step (Schulman et al. 2015): natural gradient under a hard KL bound.
+
+Policy: g = grad of the surrogate mean(r A); solve (F + damping I) x = g by conjugate
+gradient, where F v is the gradient of (grad KL . v) and F is never formed; scale x to
+the KL radius, then backtrack until the measured mean KL is within ``max_kl`` and the
+surrogate improved. If no try is accepted, the actor is restored bit for bit.
+Critic: fitted separately by Adam on minibatches, on the same returns as PPO.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from trustrl.config import TRPOConfig
+from trustrl.losses import explained_variance, normalize_advantages, value_loss
+from trustrl.policy import Policy
+from trustrl.rollout import Batch, Rollout
+
+
+def conjugate_gradient(
+    matvec: Callable[[Tensor], Tensor], b: Tensor, iters: int, residual_tol: float = 1e-10
+) -> tuple[Tensor, float]:
+    """Solve A x = b for symmetric positive-definite A given only x -> A x.
+
+    Returns x and the final squared residual norm |b - A x|^2 (stops once below the tol).
+    """
+    x = torch.zeros_like(b)
+    r = b.clone()
+    p = b.clone()
+    rr = torch.dot(r, r)
+    for _ in range(iters):
+        if rr <= residual_tol:
+            break
+        ap = matvec(p)
+        alpha = rr / torch.dot(p, ap)
+        x += alpha * p
+        r -= alpha * ap
+        rr_new = torch.dot(r, r)
+        p = r + (rr_new / rr) * p
+        rr = rr_new
+    return x, float(rr)
+
+
+def backtracking_line_search(
+    evaluate: Callable[[Tensor], tuple[float, float]],
+    theta: Tensor,
+    full_step: Tensor,
+    base_objective: float,
+    max_kl: float,
+    shrink: float,
+    tries: int,
+) -> tuple[int, Tensor | None]:
+    """Try theta + shrink^i * full_step for i = 0, 1, ...; accept the first whose
+    ``evaluate`` (objective, kl) has kl <= max_kl and objective > base_objective.
+
+    Returns (tries used, accepted parameters) or (tries, None) if none was accepted.
+    """
+    for i in range(tries):
+        candidate = theta + (shrink**i) * full_step
+        objective, kl = evaluate(candidate)
+        if math.isfinite(objective) and kl <= max_kl and objective > base_objective:
+            return i + 1, candidate
+    return tries, None
+
+
+def fisher_vector_product(
+    policy: Policy, obs: Tensor, mask: Tensor | None, old_params: Tensor, damping: float
+) -> Callable[[Tensor], Tensor]:
+    """v -> (F + damping I) v at the current actor, F the Hessian of mean KL(old || new).
+
+    The Fisher is the Hessian of the KL at zero divergence; Hessian times v is the
+    gradient of (grad KL . v), so one extra backward pass gives the product.
+    """
+    params = policy.actor_parameters()
+
+    def product(v: Tensor) -> Tensor:
+        kl = policy.head.kl(old_params, policy.dist_params(obs, mask)).mean()
+        grads = torch.autograd.grad(kl, params, create_graph=True)
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        hv = torch.autograd.grad(torch.dot(flat, v), params)
+        return torch.cat([h.reshape(-1) for h in hv]) + damping * v
+
+    return product
+
+
+class TRPOUpdate:
+    def __init__(self, policy: Policy, config: TRPOConfig, seed: int = 0) -> None:
+        self.config = config
+        self.generator = torch.Generator().manual_seed(seed)
+        self.vf_optimizer = torch.optim.Adam(policy.critic_parameters(), lr=config.vf_lr, eps=1e-5)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizers": {"vf": self.vf_optimizer.state_dict()},
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.vf_optimizer.load_state_dict(state["optimizers"]["vf"])
+        self.generator.set_state(state["generator"])
+
+    def __call__(self, policy: Policy, rollout: Rollout, progress: float) -> dict[str, float]:
+        batch = rollout.flat()
+        metrics = self.policy_step(policy, batch)
+        metrics.update(self.fit_critic(policy, batch))
+        metrics["explained_variance"] = explained_variance(batch.values, batch.returns)
+        metrics["learning_rate"] = self.config.vf_lr
+        return metrics
+
+    def policy_step(self, policy: Policy, batch: Batch) -> dict[str, float]:
+        cfg = self.config
+        params = policy.actor_parameters()
+        advantages = normalize_advantages(batch.advantages) if cfg.norm_adv else batch.advantages
+        with torch.no_grad():
+            old_params = policy.dist_params(batch.obs, batch.action_mask)
+            entropy = float(policy.head.entropy(old_params).mean())
+
+        def surrogate() -> Tensor:
+            new_params = policy.dist_params(batch.obs, batch.action_mask)
+            ratio = torch.exp(policy.head.log_prob(new_params, batch.actions) - batch.logprob)
+            return (ratio * advantages).mean()
+
+        objective = surrogate()
+        grads = torch.autograd.grad(objective, params)
+        g = torch.cat([grad.reshape(-1) for grad in grads])
+        base = objective.item()
+
+        fvp = fisher_vector_product(
+            policy, batch.obs, batch.action_mask, old_params, cfg.cg_damping
+        )
+        direction, residual = conjugate_gradient(fvp, g, cfg.cg_iters, cfg.cg_residual_tol)
+        curvature = float(torch.dot(direction, fvp(direction)))
+        # Largest step along the direction whose quadratic KL model equals max_kl:
+        # 0.5 * s^T F s = max_kl.
+        scale = math.sqrt(2 * cfg.max_kl / curvature) if curvature > 0 else 0.0
+        full_step = scale * direction
+        expected_full = float(torch.dot(g, full_step))
+
+        theta = parameters_to_vector(params).detach().clone()
+
+        @torch.no_grad()
+        def evaluate(candidate: Tensor) -> tuple[float, float]:
+            vector_to_parameters(candidate, params)
+            new_params = policy.dist_params(batch.obs, batch.action_mask)
+            ratio = torch.exp(policy.head.log_prob(new_params, batch.actions) - batch.logprob)
+            kl = policy.head.kl(old_params, new_params).mean()
+            return float((ratio * advantages).mean()), float(kl)
+
+        tries, accepted = (0, None)
+        if scale > 0 and all(math.isfinite(v) for v in (expected_full, base)):
+            tries, accepted = backtracking_line_search(
+                evaluate,
+                theta,
+                full_step,
+                base,
+                cfg.max_kl,
+                cfg.line_search_shrink,
+                cfg.line_search_steps,
+            )
+        if accepted is None:
+            # Restore the exact old weights (a copy, no arithmetic): bit-identical.
+            vector_to_parameters(theta, params)
+            new_objective, kl, step_norm, fraction = base, 0.0, 0.0, 0.0
+        else:
+            new_objective, kl = evaluate(accepted)
+            step_norm = float((accepted - theta).norm())
+            fraction = cfg.line_search_shrink ** (tries - 1)
+        return {
+            "loss_pi": -base,
+            "delta_loss_pi": -(new_objective - base),
+            "actual_improvement": new_objective - base,
+            "expected_improvement": expected_full * fraction,
+            "approx_kl": kl,
+            "line_search_steps": float(tries),
+            "line_search_accepted": float(accepted is not None),
+            "cg_residual": residual,
+            "step_norm": step_norm,
+            "entropy": entropy,
+        }
+
+    def fit_critic(self, policy: Policy, batch: Batch) -> dict[str, float]:
+        cfg = self.config
+        size = len(batch)
+        minibatch_size = max(1, math.ceil(size / cfg.minibatches))
+        epoch_losses: list[float] = []
+        for _ in range(cfg.train_vf_iters):
+            losses = []
+            for index in torch.randperm(size, generator=self.generator).split(minibatch_size):
+                loss = value_loss(
+                    policy.value(batch.obs[index]), batch.values[index], batch.returns[index]
+                )
+                if not torch.isfinite(loss):
+                    continue
+                self.vf_optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.vf_optimizer.step()
+                losses.append(loss.item())
+            if losses:
+                epoch_losses.append(sum(losses) / len(losses))
+        if not epoch_losses:
+            return {"loss_v": math.nan, "delta_loss_v": math.nan}
+        return {"loss_v": epoch_losses[-1], "delta_loss_v": epoch_losses[-1] - epoch_losses[0]}
