@@ -52,7 +52,9 @@ def _tyro_config(base: Config, args: list[str], description: str = TRAIN_USAGE) 
 def cmd_train(argv: list[str]) -> int:
     known, rest = _split_train_args(argv)
     if any(a in ("-h", "--help") for a in rest):
-        _tyro_config(Config(), ["--help"])
+        # With ENV_ID given, the defaults shown are that env's preset.
+        base = resolve(known.env_id, known.algo, known.config) if known.env_id else Config()
+        _tyro_config(base, ["--help"])
         return 0
     from trustrl.trainer import Trainer
 

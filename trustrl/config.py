@@ -77,9 +77,7 @@ class EnvConfig:
     num_envs: int = 8
     """Environments stepped together; each contributes one row of the rollout."""
     backend: Backend = "auto"
-    """Vector backend: sync (in-process), async (subprocesses, shared memory), vector (the
-    env's own vectorized implementation, e.g. CartPole), or auto (vector where Gymnasium
-    provides one, otherwise sync)."""
+    """Vector backend: sync (in-process), async (subprocesses, shared memory), vector (the env's own vectorized implementation, e.g. CartPole), or auto (vector where Gymnasium provides one, otherwise sync)."""
     kwargs: dict[str, int | float | bool | str] = field(default_factory=dict)
     """Keyword arguments for the environment constructor."""
     normalize_obs: bool = False
@@ -127,8 +125,7 @@ class PolicyConfig:
     log_std_init: float = 0.0
     """Initial log standard deviation of Gaussian (Box) policies."""
     ortho_init: bool = True
-    """Orthogonal init: gain sqrt(2) on hidden layers, 0.01 on the policy head, 1 on the
-    value head."""
+    """Orthogonal init: gain sqrt(2) on hidden layers, 0.01 on the policy head, 1 on the value head."""
 
     def __post_init__(self) -> None:
         _require(
@@ -152,8 +149,7 @@ class PPOConfig:
     learning_rate: float = 2.5e-4
     """Adam step size of the shared loss (actor and critic in one optimizer)."""
     pi_lr: float | None = None
-    """Actor step size. Setting pi_lr and vf_lr trains the actor and the critic with separate
-    optimizers and losses; leaving both unset uses the shared loss."""
+    """Actor step size. Setting pi_lr and vf_lr trains the actor and the critic with separate optimizers and losses; leaving both unset uses the shared loss."""
     vf_lr: float | None = None
     """Critic step size (with pi_lr: separate optimizers)."""
     anneal_lr: bool = True
@@ -161,8 +157,7 @@ class PPOConfig:
     update_epochs: int = 4
     """Passes over the rollout for the policy."""
     vf_epochs: int | None = None
-    """Passes for the critic when optimizers are separate (default: update_epochs); the critic
-    keeps fitting after the policy stopped on KL."""
+    """Passes for the critic when optimizers are separate (default: update_epochs); the critic keeps fitting after the policy stopped on KL."""
     num_minibatches: int = 4
     """Minibatches per pass."""
     clip_coef: float = 0.2
@@ -269,8 +264,7 @@ class Config:
     quiet: bool = False
     """No progress bar."""
     torch_threads: int = 1
-    """Torch intra-op threads. Small networks run fastest on one; results are reproducible
-    for a given seed and thread count."""
+    """Torch intra-op threads. Small networks run fastest on one; results are reproducible for a given seed and thread count."""
     eval_episodes: int = 10
     """Deterministic evaluation episodes at the end of training (0: none)."""
     checkpoint_every: int = 10
@@ -278,8 +272,7 @@ class Config:
     eval_every: int = 0
     """Also evaluate deterministically every this many iterations (0: only at the end)."""
     target_return: float | None = None
-    """Stop early once a deterministic evaluation reaches this mean return. Evaluations for
-    it run when the mean of the last 20 training episodes reaches it too."""
+    """Stop early once a deterministic evaluation reaches this mean return. Evaluations for it run when the mean of the last 20 training episodes reaches it too."""
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
