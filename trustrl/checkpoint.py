@@ -161,7 +161,8 @@ def prune(checkpoints: Path, keep: int) -> None:
 def resolve_checkpoint(path: str | Path) -> Path:
     """A run folder, a checkpoints folder or a checkpoint folder -> the checkpoint folder.
 
-    Run folders resolve to ``final`` when training finished, else to ``latest``.
+    Run folders resolve to the newest complete checkpoint (``latest``, which names
+    ``final`` once training finished), or to ``final`` if the pointer is missing.
     """
     path = Path(path)
     if path.is_file():
@@ -174,13 +175,13 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if (path / META).is_file():
         return path
     checkpoints = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    if (checkpoints / "final" / META).is_file():
-        return checkpoints / "final"
     pointer = checkpoints / "latest"
     if pointer.is_file():
         candidate = checkpoints / pointer.read_text().strip()
         if (candidate / META).is_file():
             return candidate
+    if (checkpoints / "final" / META).is_file():
+        return checkpoints / "final"
     raise CheckpointError(f"no checkpoint found in {path} (expected {META} or checkpoints/latest)")
 
 

@@ -42,6 +42,22 @@ def _format(value: float) -> str:
     return repr(float(value))
 
 
+def truncate_progress(path: Path, last_iteration: int) -> None:
+    """Drop rows past ``last_iteration`` (written after the checkpoint a run resumes from)."""
+    if not path.exists():
+        return
+    with path.open(newline="") as handle:
+        rows = list(csv.reader(handle))
+    if not rows:
+        return
+    column = rows[0].index("iteration")
+    kept = [rows[0]] + [r for r in rows[1:] if float(r[column]) <= last_iteration]
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", newline="") as handle:
+        csv.writer(handle).writerows(kept)
+    tmp.replace(path)
+
+
 def read_progress(path: str | Path) -> list[dict[str, float]]:
     with Path(path).open(newline="") as handle:
         return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(handle)]

@@ -31,7 +31,7 @@ from trustrl.collect import Collector, EpisodeStats
 from trustrl.config import Config, config_from_dict, config_to_dict
 from trustrl.envs import make_vec_env
 from trustrl.evaluate import EvalResult, evaluate
-from trustrl.logging import ProgressBar, ProgressFile, TensorBoardWriter
+from trustrl.logging import ProgressBar, ProgressFile, TensorBoardWriter, truncate_progress
 from trustrl.policy import Policy
 from trustrl.rollout import Rollout
 from trustrl.spaces import SpaceSpec
@@ -148,6 +148,8 @@ class Trainer:
         resumed = self.iteration > 0
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.toml").write_text(tomli_w.dumps(config_to_dict(cfg)))
+        if resumed:
+            truncate_progress(self.run_dir / "progress.csv", self.iteration)
         progress_file = ProgressFile(self.run_dir / "progress.csv", append=resumed)
         tensorboard = TensorBoardWriter(
             self.run_dir / "tensorboard", purge_step=self.env_steps or None
