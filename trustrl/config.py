@@ -39,18 +39,17 @@ def _check_choice(name: str, value: object, choices: tuple[object, ...]) -> None
     )
 
 
+def _is_number(value: object) -> bool:
+    """A finite int or float (True and False are not numbers here)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _check_positive(name: str, value: float) -> None:
-    _require(
-        isinstance(value, int | float) and math.isfinite(value) and value > 0,
-        f"{name} must be > 0, got {value!r}",
-    )
+    _require(_is_number(value) and value > 0, f"{name} must be > 0, got {value!r}")
 
 
 def _check_non_negative(name: str, value: float) -> None:
-    _require(
-        isinstance(value, int | float) and math.isfinite(value) and value >= 0,
-        f"{name} must be >= 0, got {value!r}",
-    )
+    _require(_is_number(value) and value >= 0, f"{name} must be >= 0, got {value!r}")
 
 
 def _check_int(name: str, value: int, minimum: int) -> None:
@@ -61,13 +60,9 @@ def _check_int(name: str, value: int, minimum: int) -> None:
 
 
 def _check_unit(name: str, value: float, *, closed: bool) -> None:
-    low_ok = value >= 0 if closed else value > 0
-    high_ok = value <= 1 if closed else value < 1
     interval = "[0, 1]" if closed else "(0, 1)"
-    _require(
-        isinstance(value, int | float) and low_ok and high_ok,
-        f"{name} must be in {interval}, got {value!r}",
-    )
+    ok = _is_number(value) and (0 <= value <= 1 if closed else 0 < value < 1)
+    _require(ok, f"{name} must be in {interval}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -129,7 +124,8 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         _require(
-            len(self.hidden_sizes) > 0
+            isinstance(self.hidden_sizes, tuple | list)
+            and len(self.hidden_sizes) > 0
             and all(
                 isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in self.hidden_sizes
             ),
@@ -137,7 +133,7 @@ class PolicyConfig:
         )
         _check_choice("policy.activation", self.activation, get_args(Activation))
         _require(
-            isinstance(self.log_std_init, int | float) and -20 <= self.log_std_init <= 2,
+            _is_number(self.log_std_init) and -20 <= self.log_std_init <= 2,
             f"policy.log_std_init must be in [-20, 2], got {self.log_std_init!r}",
         )
 
@@ -301,7 +297,7 @@ class Config:
         _check_int("eval_every", self.eval_every, 0)
         if self.target_return is not None:
             _require(
-                isinstance(self.target_return, int | float) and math.isfinite(self.target_return),
+                _is_number(self.target_return),
                 f"target_return must be a finite number, got {self.target_return!r}",
             )
             _require(

@@ -1,0 +1,345 @@
+"""Config validation, TOML loading and the merge order defaults < preset < file < overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+
+from trustrl import config as cfg
+from trustrl.config import (
+    Config,
+    ConfigError,
+    EnvConfig,
+    PolicyConfig,
+    PPOConfig,
+    RolloutConfig,
+    config_from_dict,
+    config_to_dict,
+    resolve,
+)
+
+
+def nested(path: str, value: Any) -> dict[str, Any]:
+    """'ppo.clip_coef', 0 -> {'ppo': {'clip_coef': 0}}."""
+    *sections, name = path.split(".")
+    table: dict[str, Any] = {name: value}
+    for section in reversed(sections):
+        table = {section: table}
+    return table
+
+
+SEPARATE = {"ppo": {"pi_lr": 1e-3, "vf_lr": 1e-3}}
+
+# (field path, bad value, fragments the message must contain, other keys the case needs)
+BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
+    ("env.num_envs", 0, ("env.num_envs", "got 0"), {}),
+    ("env.num_envs", 2.5, ("env.num_envs", "2.5"), {}),
+    ("env.backend", "threads", ("env.backend", "'threads'", "sync"), {}),
+    ("env.kwargs", [1, 2], ("env.kwargs", "[1, 2]"), {}),
+    ("env.obs_clip", 0, ("env.obs_clip", "got 0"), {}),
+    ("env.obs_clip", math.nan, ("env.obs_clip", "nan"), {}),
+    ("env.reward_clip", -2.0, ("env.reward_clip", "-2.0"), {}),
+    ("rollout.num_steps", 0, ("rollout.num_steps", "got 0"), {}),
+    ("rollout.gamma", 1.5, ("rollout.gamma", "1.5", "[0, 1]"), {}),
+    ("rollout.gamma", -0.1, ("rollout.gamma", "-0.1"), {}),
+    ("rollout.gae_lambda", 1.01, ("rollout.gae_lambda", "1.01"), {}),
+    ("policy.hidden_sizes", [], ("policy.hidden_sizes", "()"), {}),
+    ("policy.hidden_sizes", [64, 0], ("policy.hidden_sizes", "(64, 0)"), {}),
+    ("policy.activation", "gelu", ("policy.activation", "'gelu'", "tanh"), {}),
+    ("policy.log_std_init", 3.0, ("policy.log_std_init", "3.0", "[-20, 2]"), {}),
+    ("policy.log_std_init", -21.0, ("policy.log_std_init", "-21.0"), {}),
+    ("ppo.learning_rate", 0.0, ("ppo.learning_rate", "0.0"), {}),
+    ("ppo.learning_rate", -1e-3, ("ppo.learning_rate", "-0.001"), {}),
+    ("ppo.pi_lr", 1e-3, ("ppo.pi_lr", "ppo.vf_lr", "pi_lr=0.001", "vf_lr=None"), {}),
+    ("ppo.vf_lr", 2e-3, ("ppo.pi_lr", "ppo.vf_lr", "vf_lr=0.002"), {}),
+    ("ppo.pi_lr", -1.0, ("ppo.pi_lr", "-1.0"), SEPARATE),
+    ("ppo.vf_lr", 0.0, ("ppo.vf_lr", "0.0"), SEPARATE),
+    ("ppo.update_epochs", 0, ("ppo.update_epochs", "got 0"), {}),
+    ("ppo.vf_epochs", 0, ("ppo.vf_epochs", "got 0"), SEPARATE),
+    ("ppo.vf_epochs", 3, ("ppo.vf_epochs", "vf_epochs=3", "pi_lr"), {}),
+    ("ppo.num_minibatches", 0, ("ppo.num_minibatches", "got 0"), {}),
+    (
+        "ppo.num_minibatches",
+        9,
+        ("ppo.num_minibatches", "got 9", "= 8"),
+        {"env": {"num_envs": 2}, "rollout": {"num_steps": 4}},
+    ),
+    ("ppo.clip_coef", 0.0, ("ppo.clip_coef", "0.0", "(0, 1)"), {}),
+    ("ppo.clip_coef", 1.0, ("ppo.clip_coef", "1.0"), {}),
+    ("ppo.vf_clip_coef", 0.0, ("ppo.vf_clip_coef", "0.0"), {}),
+    ("ppo.ent_coef", -0.01, ("ppo.ent_coef", "-0.01"), {}),
+    ("ppo.vf_coef", -1.0, ("ppo.vf_coef", "-1.0"), {}),
+    ("ppo.max_grad_norm", 0.0, ("ppo.max_grad_norm", "0.0"), {}),
+    ("ppo.target_kl", 0.0, ("ppo.target_kl", "0.0"), {}),
+    ("ppo.target_kl", math.inf, ("ppo.target_kl", "inf"), {}),
+    ("env_id", "  ", ("env_id", "'  '"), {}),
+    ("trpo.max_kl", 0.0, ("trpo.max_kl", "0.0"), {}),
+    ("trpo.cg_iters", 0, ("trpo.cg_iters", "got 0"), {}),
+    ("trpo.cg_damping", -0.1, ("trpo.cg_damping", "-0.1"), {}),
+    ("trpo.cg_residual_tol", -1e-10, ("trpo.cg_residual_tol", "-1e-10"), {}),
+    ("trpo.line_search_steps", 0, ("trpo.line_search_steps", "got 0"), {}),
+    ("trpo.line_search_shrink", 1.0, ("trpo.line_search_shrink", "1.0", "(0, 1)"), {}),
+    ("trpo.vf_lr", 0.0, ("trpo.vf_lr", "0.0"), {}),
+    ("trpo.train_vf_iters", 0, ("trpo.train_vf_iters", "got 0"), {}),
+    ("trpo.minibatches", 0, ("trpo.minibatches", "got 0"), {}),
+    (
+        "trpo.minibatches",
+        9,
+        ("trpo.minibatches", "got 9", "= 8"),
+        {"algo": "trpo", "env": {"num_envs": 2}, "rollout": {"num_steps": 4}},
+    ),
+    ("algo", "a2c", ("algo", "'a2c'", "ppo"), {}),
+    ("seed", -1, ("seed", "-1"), {}),
+    ("seed", True, ("seed", "True"), {}),
+    ("total_steps", 0, ("total_steps", "got 0"), {}),
+    ("torch_threads", 0, ("torch_threads", "got 0"), {}),
+    ("eval_episodes", -1, ("eval_episodes", "-1"), {}),
+    ("checkpoint_every", 0, ("checkpoint_every", "got 0"), {}),
+    ("eval_every", -1, ("eval_every", "-1"), {}),
+    ("target_return", math.inf, ("target_return", "inf"), {}),
+    ("target_return", 100.0, ("target_return", "eval_episodes", "got 0"), {"eval_episodes": 0}),
+]
+
+# Fields that take any value of their type (flags, free strings): nothing to refuse.
+UNVALIDATED = {
+    "env.normalize_obs",
+    "env.normalize_reward",
+    "policy.ortho_init",
+    "ppo.anneal_lr",
+    "ppo.anneal_clip",
+    "ppo.norm_adv",
+    "trpo.norm_adv",
+    "run_dir",
+    "quiet",
+}
+
+
+def field_paths() -> set[str]:
+    paths = set()
+    for f in dataclasses.fields(Config):
+        section = cfg.SECTIONS.get(f.name)
+        if section is None:
+            paths.add(f.name)
+        else:
+            paths.update(f"{f.name}.{g.name}" for g in dataclasses.fields(section))
+    return paths
+
+
+def test_bad_value_table_covers_every_validated_field() -> None:
+    covered = {path for path, *_ in BAD_VALUES}
+    assert covered == field_paths() - UNVALIDATED
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "fragments", "extra"),
+    BAD_VALUES,
+    ids=[f"{path}={value!r}" for path, value, *_ in BAD_VALUES],
+)
+def test_bad_value_is_refused_with_an_actionable_message(
+    path: str, value: Any, fragments: tuple[str, ...], extra: dict[str, Any]
+) -> None:
+    table = cfg.merge(extra, nested(path, value))
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(table)
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+
+
+def test_config_error_is_a_value_error_raised_on_construction() -> None:
+    assert issubclass(ConfigError, ValueError)
+    with pytest.raises(ValueError, match=r"rollout\.gamma must be in \[0, 1\], got 2"):
+        RolloutConfig(gamma=2)
+    with pytest.raises(ConfigError, match=r"ppo\.clip_coef"):
+        PPOConfig(clip_coef=1.5)
+    with pytest.raises(ConfigError, match=r"env\.num_envs"):
+        EnvConfig(num_envs=-3)
+    with pytest.raises(ConfigError, match=r"policy\.activation"):
+        PolicyConfig(activation="sigmoid")  # type: ignore[arg-type]
+
+
+# Wrongly typed values must also be refused naming the field and the value.
+WRONG_TYPES = [
+    ("rollout.gamma", "high"),
+    ("rollout.gae_lambda", "0.9"),
+    ("ppo.clip_coef", "0.2"),
+    ("policy.hidden_sizes", 64),
+]
+
+
+@pytest.mark.parametrize(("path", "value"), WRONG_TYPES)
+def test_wrong_type_names_field_and_value(path: str, value: Any) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(nested(path, value))
+    message = str(info.value)
+    assert path in message and repr(value) in message
+
+
+@pytest.mark.parametrize("path", ["ppo.learning_rate", "rollout.gamma", "env.obs_clip"])
+def test_bool_is_not_a_number(path: str) -> None:
+    with pytest.raises(ConfigError, match=path):
+        config_from_dict(nested(path, True))
+
+
+@pytest.mark.parametrize("section", sorted(cfg.SECTIONS))
+@pytest.mark.parametrize("value", [3, "fast", [1, 2]])
+def test_section_of_wrong_type_is_refused(section: str, value: Any) -> None:
+    message = re.escape(f"[{section}] must be a table, got {value!r}")
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({section: value})
+
+
+def test_section_of_wrong_type_in_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("ppo = 3\n")
+    with pytest.raises(ConfigError, match=r"\[ppo\] must be a table, got 3"):
+        resolve("CartPole-v1", config_file=path)
+
+
+# TOML files.
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("[ppo]\nlerning_rate = 1e-3\n", ["ppo.lerning_rate"]),
+        ("sed = 3\n", ["sed"]),
+        ("[optim]\nlr = 1\n", ["optim"]),
+        ("[env]\nnum_env = 4\nbackend = 'sync'\n", ["env.num_env"]),
+        ("[rollout]\nlambda = 0.9\ngama = 0.9\n", ["rollout.gama", "rollout.lambda"]),
+        ("[policy]\nhidden = [8]\n", ["policy.hidden"]),
+    ],
+)
+def test_unknown_keys_in_file_are_errors(tmp_path: Path, text: str, names: list[str]) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        resolve("CartPole-v1", config_file=path)
+    message = str(info.value)
+    assert message.startswith("unknown key")
+    for name in names:
+        assert name in message
+    if len(names) > 1:
+        assert message.startswith("unknown keys")
+    assert "allowed:" in message
+
+
+def test_missing_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        resolve("CartPole-v1", config_file=tmp_path / "nope.toml")
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[ppo\nclip_coef = 0.1\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        resolve("CartPole-v1", config_file=broken)
+
+
+def test_merge_order_defaults_preset_file_overrides(tmp_path: Path) -> None:
+    preset = cfg.preset_table("ppo", "CartPole-v1")
+    assert preset is not None and "CartPole-v1" in cfg.available_presets("ppo")
+    # The facts about the preset this test relies on.
+    assert preset["rollout"]["num_steps"] == 32 != RolloutConfig().num_steps
+    assert preset["rollout"]["gamma"] == 0.98
+    assert preset["ppo"]["update_epochs"] == 20
+    assert preset["ppo"]["learning_rate"] == 1e-3 != PPOConfig().learning_rate
+    assert "max_grad_norm" not in preset["ppo"]
+
+    path = tmp_path / "run.toml"
+    path.write_text(
+        "seed = 5\n"
+        "[env]\nnum_envs = 4\n"
+        "[rollout]\ngamma = 0.97\n"
+        "[ppo]\nupdate_epochs = 7\nclip_coef = 0.1\n"
+    )
+    overrides = {"seed": 9, "ppo": {"update_epochs": 3}}
+    config = resolve("CartPole-v1", config_file=path, overrides=overrides)
+
+    assert config.ppo.max_grad_norm == PPOConfig().max_grad_norm  # default
+    assert config.env.backend == EnvConfig().backend  # default
+    assert config.rollout.num_steps == 32  # preset over default
+    assert config.rollout.gae_lambda == 0.8  # preset, untouched by the file's [rollout]
+    assert config.ppo.learning_rate == 1e-3  # preset, untouched by the file's [ppo]
+    assert config.total_steps == 50_000  # preset
+    assert config.rollout.gamma == 0.97  # file over preset
+    assert config.env.num_envs == 4  # file over preset
+    assert config.ppo.clip_coef == 0.1  # file over preset
+    assert config.ppo.update_epochs == 3  # overrides over file over preset
+    assert config.seed == 9  # overrides over file
+    assert config.env_id == "CartPole-v1" and config.algo == "ppo"
+
+    # Without file and overrides: the preset over the defaults.
+    plain = resolve("CartPole-v1")
+    assert plain.ppo.update_epochs == 20 and plain.rollout.gamma == 0.98
+    assert plain.seed == Config().seed
+
+
+def test_env_without_preset_gets_defaults() -> None:
+    assert cfg.preset_table("ppo", "NoSuchEnv-v0") is None
+    config = resolve("NoSuchEnv-v0", overrides={"rollout": {"num_steps": 64}})
+    assert config.env_id == "NoSuchEnv-v0"
+    assert config.rollout.num_steps == 64
+    assert config.ppo == PPOConfig()
+
+
+def test_env_kwargs_are_replaced_not_merged() -> None:
+    merged = cfg.merge({"env": {"kwargs": {"a": 1}, "num_envs": 2}}, {"env": {"kwargs": {"b": 2}}})
+    assert merged == {"env": {"kwargs": {"b": 2}, "num_envs": 2}}
+
+
+def rich_config() -> Config:
+    return Config(
+        env_id="Pendulum-v1",
+        seed=3,
+        total_steps=12_345,
+        run_dir="runs/x",
+        quiet=True,
+        target_return=-200.0,
+        eval_every=5,
+        env=EnvConfig(
+            num_envs=2, backend="sync", kwargs={"g": 9.8, "name": "x"}, normalize_obs=True
+        ),
+        rollout=RolloutConfig(num_steps=16, gamma=0.9, gae_lambda=1.0),
+        policy=PolicyConfig(hidden_sizes=(32, 16, 8), activation="relu", log_std_init=-1.0),
+        ppo=PPOConfig(
+            pi_lr=1e-3, vf_lr=1e-2, vf_epochs=8, target_kl=0.02, vf_clip_coef=0.3, ent_coef=0.01
+        ),
+    )
+
+
+@pytest.mark.parametrize("config", [Config(), rich_config()], ids=["defaults", "rich"])
+def test_dict_round_trip(config: Config) -> None:
+    table = config_to_dict(config)
+    assert config_from_dict(table) == config
+    # TOML-ready: no None values, tuples as lists, and a TOML round trip holds too.
+    assert isinstance(table["policy"]["hidden_sizes"], list)
+    assert config_from_dict(tomllib.loads(tomli_w.dumps(table))) == config
+
+
+def test_to_dict_drops_unset_values() -> None:
+    table = config_to_dict(Config())
+    assert "target_kl" not in table["ppo"] and "pi_lr" not in table["ppo"]
+    assert "run_dir" not in table and "target_return" not in table
+    assert table["ppo"]["clip_coef"] == 0.2
+
+
+def test_derived_sizes() -> None:
+    config = config_from_dict(
+        {"total_steps": 1000, "env": {"num_envs": 4}, "rollout": {"num_steps": 32}}
+    )
+    assert config.batch_size == 128
+    assert config.num_iterations == 7
+    assert config_from_dict({"total_steps": 10}).num_iterations == 1
+    assert PPOConfig(pi_lr=1e-3, vf_lr=1e-3).separate_optimizers
+    assert not PPOConfig().separate_optimizers
+
+
+def test_configs_are_frozen() -> None:
+    config = Config()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.ppo.clip_coef = 0.5  # type: ignore[misc]

@@ -1,0 +1,234 @@
+"""Action heads against torch.distributions as the reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.distributions import Categorical, Independent, Normal, kl_divergence
+
+from trustrl.distributions import CategoricalHead, DiagGaussianHead, MultiCategoricalHead
+
+IN_FEATURES = 4
+BATCH = 6
+
+
+def features(seed: int, batch: int = BATCH) -> torch.Tensor:
+    return torch.randn(batch, IN_FEATURES, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture
+def categorical() -> CategoricalHead:
+    torch.manual_seed(0)
+    return CategoricalHead(IN_FEATURES, 5)
+
+
+@pytest.fixture
+def multi() -> MultiCategoricalHead:
+    torch.manual_seed(1)
+    return MultiCategoricalHead(IN_FEATURES, (3, 2, 4))
+
+
+@pytest.fixture
+def gaussian() -> DiagGaussianHead:
+    torch.manual_seed(2)
+    head = DiagGaussianHead(IN_FEATURES, 3, log_std_init=-0.5)
+    with torch.no_grad():
+        head.log_std.copy_(torch.tensor([-0.5, 0.3, -1.2]))
+    return head
+
+
+# Categorical.
+
+
+def test_categorical_matches_torch(categorical: CategoricalHead) -> None:
+    x_old, x_new = features(10), features(11)
+    with torch.no_grad():
+        old, new = categorical(x_old), categorical(x_new)
+        ref_old = Categorical(logits=categorical.linear(x_old))
+        ref_new = Categorical(logits=categorical.linear(x_new))
+    # Params are normalized log-probabilities.
+    torch.testing.assert_close(old.exp().sum(-1), torch.ones(BATCH))
+    torch.testing.assert_close(old, ref_old.logits)
+    actions = torch.tensor([0, 1, 2, 3, 4, 2])
+    torch.testing.assert_close(categorical.log_prob(old, actions), ref_old.log_prob(actions))
+    torch.testing.assert_close(categorical.entropy(old), ref_old.entropy())
+    torch.testing.assert_close(categorical.kl(old, new), kl_divergence(ref_old, ref_new))
+    assert torch.all(categorical.kl(old, new) > 0)
+    torch.testing.assert_close(categorical.kl(old, old), torch.zeros(BATCH))
+    assert torch.equal(categorical.mode(old), ref_old.probs.argmax(-1))
+
+
+def test_categorical_sampling_frequencies(categorical: CategoricalHead) -> None:
+    logits = torch.tensor([0.0, 1.0, -1.0, 0.5, 2.0])
+    params = torch.log_softmax(logits, -1).expand(40_000, -1)
+    samples = categorical.sample(params, torch.Generator().manual_seed(3))
+    assert samples.shape == (40_000,) and samples.dtype == torch.int64
+    freq = torch.bincount(samples, minlength=5).double() / len(samples)
+    probs = params[0].exp().double()
+    # 4 standard errors per action.
+    tolerance = 4 * torch.sqrt(probs * (1 - probs) / len(samples))
+    assert torch.all((freq - probs).abs() < tolerance), (freq, probs)
+
+
+# Multi-categorical.
+
+
+def multi_reference(head: MultiCategoricalHead, x: torch.Tensor) -> list[Categorical]:
+    logits = head.linear(x)
+    return [Categorical(logits=b) for b in torch.split(logits, head.nvec, dim=-1)]
+
+
+def test_multicategorical_matches_torch(multi: MultiCategoricalHead) -> None:
+    x_old, x_new = features(20), features(21)
+    with torch.no_grad():
+        old, new = multi(x_old), multi(x_new)
+        ref_old, ref_new = multi_reference(multi, x_old), multi_reference(multi, x_new)
+    actions = torch.tensor([[0, 1, 3], [2, 0, 0], [1, 1, 2], [0, 0, 1], [2, 1, 3], [1, 0, 0]])
+    expected_lp = sum(d.log_prob(actions[:, i]) for i, d in enumerate(ref_old))
+    torch.testing.assert_close(multi.log_prob(old, actions), expected_lp)
+    torch.testing.assert_close(multi.entropy(old), sum(d.entropy() for d in ref_old))
+    expected_kl = sum(kl_divergence(o, n) for o, n in zip(ref_old, ref_new, strict=True))
+    torch.testing.assert_close(multi.kl(old, new), expected_kl)
+    mode = multi.mode(old)
+    assert torch.equal(mode, torch.stack([d.probs.argmax(-1) for d in ref_old], -1))
+    samples = multi.sample(old, torch.Generator().manual_seed(0))
+    assert samples.shape == (BATCH, 3)
+    for i, n in enumerate(multi.nvec):
+        assert samples[:, i].min() >= 0 and samples[:, i].max() < n
+
+
+def test_multicategorical_mask_per_component(multi: MultiCategoricalHead) -> None:
+    mask = torch.tensor([True, False, True, False, True, True, True, False, False])
+    with torch.no_grad():
+        params = multi(features(22, batch=1), mask[None]).expand(5_000, -1)
+    samples = multi.sample(params, torch.Generator().manual_seed(1))
+    assert set(samples[:, 0].tolist()) == {0, 2}
+    assert set(samples[:, 1].tolist()) == {1}
+    assert set(samples[:, 2].tolist()) == {0, 1}
+    assert torch.isfinite(multi.entropy(params)).all()
+
+
+# Masked categorical.
+
+
+MASK = torch.tensor(
+    [
+        [True, False, True, False, True],
+        [False, False, False, True, False],  # one allowed action
+        [True, True, True, True, True],
+        [False, True, True, False, False],
+    ]
+)
+
+
+def renormalized(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The allowed actions' probabilities, renormalized, zeros elsewhere."""
+    probs = logits.softmax(-1) * mask
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def test_masked_actions_are_never_sampled(categorical: CategoricalHead) -> None:
+    x = features(30, batch=4)
+    with torch.no_grad():
+        params = categorical(x, MASK)
+        expected = renormalized(categorical.linear(x), MASK)
+    draws = 20_000
+    samples = categorical.sample(
+        params.repeat_interleave(draws, 0), torch.Generator().manual_seed(5)
+    ).reshape(4, draws)
+    for row in range(4):
+        counts = torch.bincount(samples[row], minlength=5)
+        assert torch.all(counts[~MASK[row]] == 0), (row, counts)
+        freq = counts.double() / draws
+        torch.testing.assert_close(freq, expected[row].double(), rtol=0, atol=0.015)
+    assert torch.all(samples[1] == 3)
+
+
+def test_masked_log_prob_entropy_kl(categorical: CategoricalHead) -> None:
+    x_old, x_new = features(31, batch=4), features(32, batch=4)
+    with torch.no_grad():
+        old, new = categorical(x_old, MASK), categorical(x_new, MASK)
+        allowed_old = renormalized(categorical.linear(x_old), MASK)
+        allowed_new = renormalized(categorical.linear(x_new), MASK)
+
+    for row in range(4):
+        for action in range(5):
+            lp = categorical.log_prob(old[row : row + 1], torch.tensor([action]))
+            if MASK[row, action]:
+                assert lp.item() == pytest.approx(math.log(allowed_old[row, action]), abs=1e-5)
+            else:
+                assert lp.item() < -1e6
+
+    entropy = categorical.entropy(old)
+    assert torch.isfinite(entropy).all()
+    torch.testing.assert_close(entropy, Categorical(probs=allowed_old).entropy())
+    assert entropy[1].item() == pytest.approx(0.0, abs=1e-6)  # a single allowed action
+
+    kl = categorical.kl(old, new)
+    assert torch.isfinite(kl).all()
+    reference = kl_divergence(Categorical(probs=allowed_old), Categorical(probs=allowed_new))
+    torch.testing.assert_close(kl, reference, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(categorical.kl(old, old), torch.zeros(4), rtol=0, atol=1e-6)
+
+
+def test_masked_entropy_gradient_is_finite(categorical: CategoricalHead) -> None:
+    params = categorical(features(33, batch=4), MASK)
+    loss = (
+        categorical.entropy(params).sum()
+        + categorical.log_prob(params, torch.tensor([0, 3, 1, 2])).sum()
+    )
+    loss.backward()
+    for p in categorical.parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all()
+
+
+# Diagonal Gaussian.
+
+
+def gaussian_reference(head: DiagGaussianHead, x: torch.Tensor) -> Independent:
+    return Independent(Normal(head.linear(x), head.log_std.exp().expand(len(x), -1)), 1)
+
+
+def test_gaussian_matches_torch(gaussian: DiagGaussianHead) -> None:
+    x_old, x_new = features(40), features(41)
+    with torch.no_grad():
+        old = gaussian(x_old)
+        ref_old = gaussian_reference(gaussian, x_old)
+        gaussian.log_std.add_(torch.tensor([0.4, -0.2, 0.1]))
+        new = gaussian(x_new)
+        ref_new = gaussian_reference(gaussian, x_new)
+    assert old.shape == (BATCH, 6)
+    actions = torch.randn(BATCH, 3, generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(gaussian.log_prob(old, actions), ref_old.log_prob(actions))
+    torch.testing.assert_close(gaussian.entropy(old), ref_old.entropy())
+    torch.testing.assert_close(gaussian.kl(old, new), kl_divergence(ref_old, ref_new))
+    torch.testing.assert_close(gaussian.kl(old, old), torch.zeros(BATCH), rtol=0, atol=1e-6)
+    torch.testing.assert_close(gaussian.mode(old), ref_old.mean)
+
+
+def test_gaussian_sample_statistics(gaussian: DiagGaussianHead) -> None:
+    n = 100_000
+    with torch.no_grad():
+        params = gaussian(features(42, batch=1)).expand(n, -1)
+    mean, std = params[0, :3], params[0, 3:].exp()
+    samples = gaussian.sample(params, torch.Generator().manual_seed(6))
+    assert samples.shape == (n, 3)
+    assert torch.all((samples.mean(0) - mean).abs() < 4 * std / math.sqrt(n))
+    torch.testing.assert_close(samples.std(0), std, rtol=0.01, atol=0)
+    # Components are independent.
+    corr = torch.corrcoef(samples.T)
+    torch.testing.assert_close(corr, torch.eye(3), rtol=0, atol=0.02)
+
+
+@pytest.mark.parametrize("kind", ["categorical", "multi", "gaussian"])
+def test_sampling_reproducible_with_same_generator_seed(kind: str, request) -> None:
+    head = request.getfixturevalue(kind)
+    with torch.no_grad():
+        params = head(features(50, batch=64))
+    first = head.sample(params, torch.Generator().manual_seed(123))
+    second = head.sample(params, torch.Generator().manual_seed(123))
+    other = head.sample(params, torch.Generator().manual_seed(124))
+    assert torch.equal(first, second)
+    assert not torch.equal(first, other)

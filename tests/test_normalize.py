@@ -1,0 +1,118 @@
+"""RunningMeanStd: merged batch statistics equal the statistics of the concatenation."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from trustrl.normalize import RunningMeanStd
+
+SIZES = [1, 7, 1, 64, 3, 1, 250, 2]
+
+
+def random_batches(shape: tuple[int, ...], seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    # Different batches from different distributions, so the merge term matters.
+    return [
+        rng.normal(loc=3.0 * k - 5.0, scale=0.5 + k, size=(n, *shape)) for k, n in enumerate(SIZES)
+    ]
+
+
+@pytest.mark.parametrize("shape", [(), (3,), (2, 2)])
+def test_update_matches_numpy_over_concatenation(shape: tuple[int, ...]) -> None:
+    rms = RunningMeanStd(shape)
+    batches = random_batches(shape)
+    for i, batch in enumerate(batches):
+        rms.update(torch.from_numpy(batch))
+        seen = np.concatenate(batches[: i + 1])
+        np.testing.assert_allclose(rms.mean.numpy(), seen.mean(0), rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(rms.var.numpy(), seen.var(0, ddof=0), rtol=1e-10, atol=1e-10)
+        assert rms.count.item() == len(seen)
+    assert rms.mean.dtype == torch.float64 and rms.var.dtype == torch.float64
+    assert rms.mean.shape == shape
+
+
+def test_first_single_sample_gives_zero_variance() -> None:
+    rms = RunningMeanStd(2)
+    rms.update(torch.tensor([[1.5, -2.0]]))
+    np.testing.assert_array_equal(rms.mean.numpy(), [1.5, -2.0])
+    np.testing.assert_array_equal(rms.var.numpy(), [0.0, 0.0])
+    rms.update(torch.tensor([[2.5, -4.0]]))
+    np.testing.assert_allclose(rms.mean.numpy(), [2.0, -3.0])
+    np.testing.assert_allclose(rms.var.numpy(), [0.25, 1.0])
+
+
+def test_float32_input_and_empty_batch() -> None:
+    rms = RunningMeanStd(3)
+    data = np.random.default_rng(1).normal(size=(40, 3)).astype(np.float32)
+    rms.update(torch.from_numpy(data[:25]))
+    rms.update(torch.zeros((0, 3)))  # ignored
+    rms.update(torch.from_numpy(data[25:]))
+    assert rms.count.item() == 40
+    reference = data.astype(np.float64)
+    np.testing.assert_allclose(rms.mean.numpy(), reference.mean(0), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(rms.var.numpy(), reference.var(0), rtol=1e-10, atol=1e-12)
+
+
+def test_forward_standardizes_and_clips() -> None:
+    rms = RunningMeanStd(2, clip=3.0, epsilon=1e-8)
+    rms.update(torch.tensor([[0.0, 10.0], [2.0, 30.0]]))  # mean (1, 20), var (1, 100)
+    x = torch.tensor([[1.0, 20.0], [2.0, 25.0], [1.0, 45.0], [-9.0, -100.0]])
+    out = rms(x)
+    expected = torch.tensor([[0.0, 0.0], [1.0, 0.5], [0.0, 2.5], [-3.0, -3.0]])
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    assert out.dtype == torch.float32
+    # Unclipped values follow (x - mean) / sqrt(var + eps) exactly.
+    rms_wide = RunningMeanStd(2, clip=1e9, epsilon=0.5)
+    rms_wide.load_state_dict(rms.state_dict())
+    expected_wide = (x.double() - torch.tensor([1.0, 20.0])) / torch.sqrt(
+        torch.tensor([1.0, 100.0]) + 0.5
+    )
+    torch.testing.assert_close(rms_wide(x), expected_wide.float(), rtol=1e-6, atol=1e-6)
+
+
+def test_scale_divides_only() -> None:
+    rms = RunningMeanStd((), clip=5.0, epsilon=0.0)
+    rms.update(torch.tensor([10.0, 14.0]))  # mean 12, var 4 -> std 2
+    x = torch.tensor([4.0, -3.0, 0.0, 12.0, 100.0])
+    # No mean subtraction: 12 scales to 6, clipped to 5; the sign is kept.
+    torch.testing.assert_close(rms.scale(x), torch.tensor([2.0, -1.5, 0.0, 5.0, 5.0]))
+    torch.testing.assert_close(rms(x), torch.tensor([-4.0, -5.0, -5.0, 0.0, 5.0]))
+
+
+def test_fresh_normalizer_is_identity_up_to_clip() -> None:
+    rms = RunningMeanStd(3, clip=10.0)
+    x = torch.tensor([[0.5, -2.0, 30.0]])
+    torch.testing.assert_close(rms(x), torch.tensor([[0.5, -2.0, 10.0]]), rtol=1e-6, atol=1e-6)
+
+
+def test_state_dict_round_trip() -> None:
+    rms = RunningMeanStd(4)
+    for batch in random_batches((4,), seed=3):
+        rms.update(torch.from_numpy(batch))
+    state = rms.state_dict()
+    assert set(state) == {"mean", "var", "count"}
+
+    restored = RunningMeanStd(4)
+    restored.load_state_dict(state)
+    for name in ("mean", "var", "count"):
+        assert torch.equal(getattr(restored, name), getattr(rms, name))
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(restored(x), rms(x))
+
+    # The restored copy keeps merging exactly as the original would.
+    more = torch.randn(9, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    rms.update(more)
+    restored.update(more)
+    assert torch.equal(restored.mean, rms.mean) and torch.equal(restored.var, rms.var)
+
+    # And through a serialized file, as in a checkpoint.
+    buffer = io.BytesIO()
+    torch.save(rms.state_dict(), buffer)
+    buffer.seek(0)
+    from_file = RunningMeanStd(4)
+    from_file.load_state_dict(torch.load(buffer))
+    assert torch.equal(from_file.var, rms.var) and from_file.count.item() == rms.count.item()
