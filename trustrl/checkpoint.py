@@ -7,6 +7,8 @@ Layout of one checkpoint folder::
     policy.safetensors   the policy's state_dict: weights and observation normalizer
     state.safetensors    every tensor of the training state (optimizer moments, RNG states,
                          reward scaler, episode accumulators)
+    envs.pkl             (optional) the environments' state for exact resume; a pickle, read
+                         only by ``train --resume`` after its SHA-256 (in meta.json) matches
 
 A run folder keeps ``checkpoints/iter_NNNNNNNN`` (the last ``keep``), ``checkpoints/final``
 and ``checkpoints/latest``, a one-line file naming the newest complete checkpoint.
@@ -17,6 +19,7 @@ moment leaves the previous checkpoint and pointer intact.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -34,6 +37,7 @@ FORMAT_VERSION = 1
 META = "meta.json"
 POLICY_FILE = "policy.safetensors"
 STATE_FILE = "state.safetensors"
+ENV_FILE = "envs.pkl"
 
 
 class CheckpointError(RuntimeError):
@@ -103,7 +107,11 @@ def _write_file(path: Path, write: Any) -> None:
 
 
 def write_checkpoint(
-    folder: Path, policy: Policy, meta: dict[str, Any], training_state: dict[str, Any]
+    folder: Path,
+    policy: Policy,
+    meta: dict[str, Any],
+    training_state: dict[str, Any],
+    env_state: bytes | None = None,
 ) -> Path:
     """Write one complete checkpoint at ``folder`` atomically (temp folder, then rename)."""
     folder = Path(folder)
@@ -115,11 +123,16 @@ def write_checkpoint(
         tmp.mkdir(parents=True)
         _write_file(tmp / POLICY_FILE, lambda p: save_file(dict(policy.state_dict()), str(p)))
         _write_file(tmp / STATE_FILE, lambda p: save_file(tensors, str(p)))
+        env_record = None
+        if env_state is not None:
+            _write_file(tmp / ENV_FILE, lambda p: p.write_bytes(env_state))
+            env_record = {"file": ENV_FILE, "sha256": hashlib.sha256(env_state).hexdigest()}
         document = {
             "format_version": FORMAT_VERSION,
             **meta,
             "policy": policy.describe(),
             "training_state": skeleton,
+            "env_state": env_record,
         }
         _write_file(tmp / META, lambda p: p.write_text(json.dumps(document, indent=1)))
         _fsync_dir(tmp)
@@ -231,3 +244,21 @@ def load_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any], Policy, dic
     policy = load_policy(folder)
     tensors = _load_tensors(folder / STATE_FILE)
     return folder, meta, policy, unflatten_state(meta["training_state"], tensors)
+
+
+def read_env_state(folder: Path, meta: dict[str, Any]) -> bytes | None:
+    """The saved environment state, after checking its digest; None if none was saved."""
+    record = meta.get("env_state")
+    if not record:
+        return None
+    path = folder / record["file"]
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"environment state {path} is unreadable: {exc}") from None
+    if hashlib.sha256(data).hexdigest() != record["sha256"]:
+        raise CheckpointError(
+            f"environment state {path} does not match the digest in {folder / META}; "
+            "refusing to load it"
+        )
+    return data

@@ -67,9 +67,14 @@ def cmd_train(argv: list[str]) -> int:
         base = config_from_dict(read_toml(run_dir / "config.toml"))
         config = _tyro_config(base, rest)
         trainer = Trainer(config, run_dir, resume=True)
+        envs = (
+            "environments restored mid-episode"
+            if trainer.envs_restored
+            else "this env's state cannot be captured, so environments start fresh episodes"
+        )
         print(
             f"resuming {run_dir} at iteration {trainer.iteration} "
-            f"({trainer.env_steps:,} env steps); environments start fresh episodes"
+            f"({trainer.env_steps:,} env steps); {envs}"
         )
     else:
         if known.env_id is None:

@@ -133,12 +133,29 @@ class Collector:
             "discounted_return": self.discounted_return.copy(),
             "episode_return": self.episode_return.copy(),
             "episode_length": self.episode_length.copy(),
+            "resetting": self.resetting.copy(),
+            "obs": self.obs.copy(),
+            "mask": self.mask.copy() if self.mask is not None else None,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(
+        self, state: dict[str, Any], envs: gym.vector.VectorEnv | None = None
+    ) -> None:
+        """Restore the acting side. With ``envs`` (restored mid-episode), the episodes in
+        flight continue exactly; without, the current envs keep their fresh episodes."""
         self.generator.set_state(state["generator"])
         if self.reward_scaler is not None and state["reward_scaler"] is not None:
             self.reward_scaler.load_state_dict(state["reward_scaler"])
+        if envs is None:
+            return
+        self.envs.close()
+        self.envs = envs
+        self.discounted_return = state["discounted_return"].copy()
+        self.episode_return = state["episode_return"].copy()
+        self.episode_length = state["episode_length"].copy()
+        self.resetting = state["resetting"].copy()
+        self.obs = state["obs"].copy()
+        self.mask = state["mask"].copy() if state["mask"] is not None else None
 
     def close(self) -> None:
         self.envs.close()

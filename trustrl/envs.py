@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from trustrl.config import ConfigError
 
@@ -123,3 +124,80 @@ def make_vec_env(
     if backend == "async":
         return gym.vector.AsyncVectorEnv(fns, shared_memory=True, autoreset_mode=NEXT_STEP)
     return gym.vector.SyncVectorEnv(fns, autoreset_mode=NEXT_STEP)
+
+
+# Environment state for exact resume. Gymnasium has no state API, so the vector env is
+# pickled (the one place trustrl uses pickle; only `train --resume` reads it back, after
+# checking its digest). MuJoCo envs pickle by re-running their constructor (EzPickle),
+# which loses the simulation, so their physics and RNG state ride along explicitly.
+
+
+def _sub_envs(envs: gym.vector.VectorEnv) -> list[gym.Env]:
+    return list(getattr(envs, "envs", []))
+
+
+def _mujoco_state(env: gym.Env) -> tuple[Any, Any, Any] | None:
+    unwrapped: Any = env.unwrapped
+    if not hasattr(unwrapped, "data") or not hasattr(unwrapped, "model"):
+        return None
+    import mujoco
+
+    spec = mujoco.mjtState.mjSTATE_INTEGRATION
+    state = np.empty(mujoco.mj_stateSize(unwrapped.model, spec))
+    mujoco.mj_getState(unwrapped.model, unwrapped.data, state, spec)
+    return state, unwrapped.np_random.bit_generator.state, _elapsed_steps(env)
+
+
+def _elapsed_steps(env: gym.Env) -> int | None:
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, gym.wrappers.TimeLimit):
+            return env._elapsed_steps
+        env = env.env
+    return None
+
+
+def _set_mujoco_state(env: gym.Env, saved: tuple[Any, Any, Any]) -> None:
+    import mujoco
+
+    state, rng_state, elapsed = saved
+    unwrapped: Any = env.unwrapped
+    mujoco.mj_setState(unwrapped.model, unwrapped.data, state, mujoco.mjtState.mjSTATE_INTEGRATION)
+    mujoco.mj_forward(unwrapped.model, unwrapped.data)
+    unwrapped.np_random.bit_generator.state = rng_state
+    wrapper: gym.Env = env
+    while isinstance(wrapper, gym.Wrapper):
+        if isinstance(wrapper, gym.wrappers.TimeLimit):
+            wrapper._elapsed_steps = elapsed
+        wrapper = wrapper.env
+
+
+def capture_envs(envs: gym.vector.VectorEnv) -> bytes | None:
+    """The vector env's full state as bytes, or None where it cannot be captured
+    (subprocess envs, envs that do not pickle)."""
+    if isinstance(envs, gym.vector.AsyncVectorEnv):
+        return None
+    import pickle
+
+    from gymnasium.utils import EzPickle
+
+    try:
+        extras = [_mujoco_state(env) for env in _sub_envs(envs)]
+        for env, extra in zip(_sub_envs(envs), extras, strict=True):
+            # EzPickle rebuilds the env from its constructor arguments: its state is lost,
+            # and only MuJoCo's is put back explicitly.
+            if isinstance(env.unwrapped, EzPickle) and extra is None:
+                return None
+        return pickle.dumps((envs, extras), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # any failure to serialize means "not capturable", never a lost run
+        return None
+
+
+def restore_envs(data: bytes) -> gym.vector.VectorEnv:
+    """Inverse of capture_envs. Unpickles: call only on data whose digest was checked."""
+    import pickle
+
+    envs, extras = pickle.loads(data)  # trusted run folder, digest checked by the caller
+    for env, saved in zip(_sub_envs(envs), extras, strict=True):
+        if saved is not None:
+            _set_mujoco_state(env, saved)
+    return envs

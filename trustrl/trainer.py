@@ -24,12 +24,13 @@ from trustrl.checkpoint import (
     CheckpointError,
     load_checkpoint,
     prune,
+    read_env_state,
     set_latest,
     write_checkpoint,
 )
 from trustrl.collect import Collector, EpisodeStats
 from trustrl.config import Config, config_from_dict, config_to_dict
-from trustrl.envs import make_vec_env
+from trustrl.envs import capture_envs, make_vec_env, restore_envs
 from trustrl.evaluate import EvalResult, evaluate
 from trustrl.logging import ProgressBar, ProgressFile, TensorBoardWriter, truncate_progress
 from trustrl.policy import Policy
@@ -95,6 +96,8 @@ class Trainer:
         self.wall_time = 0.0
         self.eval_result: EvalResult | None = None
         self.interrupted = False
+        self.recent_returns: list[float] = []
+        self.envs_restored = False
         if resume:
             self._restore()
 
@@ -105,6 +108,7 @@ class Trainer:
             "update": self.update.state_dict(),
             "collector": self.collector.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            "recent_returns": list(self.recent_returns),
         }
 
     def save(self, name: str) -> Path:
@@ -115,13 +119,19 @@ class Trainer:
             "env_steps": self.env_steps,
             "wall_time": self.wall_time,
         }
-        folder = write_checkpoint(checkpoints / name, self.policy, meta, self.training_state())
+        folder = write_checkpoint(
+            checkpoints / name,
+            self.policy,
+            meta,
+            self.training_state(),
+            capture_envs(self.collector.envs),
+        )
         set_latest(checkpoints, name)
         prune(checkpoints, CHECKPOINT_KEEP)
         return folder
 
     def _restore(self) -> None:
-        _, meta, policy, state = load_checkpoint(self.run_dir)
+        folder, meta, policy, state = load_checkpoint(self.run_dir)
         saved = config_from_dict(meta["config"])
         if saved.env_id != self.config.env_id or saved.algo != self.config.algo:
             raise CheckpointError(
@@ -132,19 +142,29 @@ class Trainer:
             raise CheckpointError(f"{self.run_dir} was trained for other spaces: {policy.spec}")
         self.policy.load_state_dict(policy.state_dict())
         self.update.load_state_dict(state["update"])
-        self.collector.load_state_dict(state["collector"])
         torch.set_rng_state(state["torch_rng"])
+        self.recent_returns = list(state["recent_returns"])
         self.iteration = meta["iteration"]
         self.env_steps = meta["env_steps"]
         self.wall_time = meta["wall_time"]
-        # Environment state is not in the checkpoint: continue with fresh episodes, seeded
-        # apart from the ones the run began with.
-        self.collector.reset(self.config.seed + self.iteration)
+        env_state = read_env_state(folder, meta)
+        if env_state is not None:
+            self.collector.load_state_dict(state["collector"], restore_envs(env_state))
+            self.envs_restored = True
+        else:
+            # Not capturable (e.g. subprocess envs): fresh episodes, seeded apart from the
+            # ones the run began with.
+            self.collector.load_state_dict(state["collector"])
+            self.collector.reset(self.config.seed + self.iteration)
+            self.envs_restored = False
 
     # The loop.
 
-    def train(self) -> Policy:
+    def train(self, iterations: int | None = None) -> Policy:
+        """Train to the end of the run, or pause after ``iterations`` more iterations with a
+        checkpoint (a later ``Trainer(config, run_dir, resume=True).train()`` continues)."""
         cfg = self.config
+        pause_at = cfg.num_iterations if iterations is None else self.iteration + iterations
         resumed = self.iteration > 0
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.toml").write_text(tomli_w.dumps(config_to_dict(cfg)))
@@ -158,13 +178,12 @@ class Trainer:
         bar.update(self.env_steps, 0.0, None)
         start = time.perf_counter() - self.wall_time
         session_start, session_steps = time.perf_counter(), 0
-        recent: list[float] = []
         stop = _StopOnInterrupt()
         try:
             while self.iteration < cfg.num_iterations:
-                if stop.requested:
+                if stop.requested or self.iteration >= pause_at:
                     # A Ctrl-C lands between iterations, so the checkpoint is a clean boundary.
-                    self.interrupted = True
+                    self.interrupted = stop.requested
                     self.save(f"iter_{self.iteration:08d}")
                     return self.policy
                 progress = self.iteration / cfg.num_iterations
@@ -178,7 +197,7 @@ class Trainer:
                 self.iteration += 1
                 self.env_steps += cfg.batch_size
                 session_steps += cfg.batch_size
-                recent = (recent + episodes.returns)[-20:]
+                recent = self.recent_returns = (self.recent_returns + episodes.returns)[-20:]
                 recent_mean = float(np.mean(recent)) if recent else None
                 evaluation = self._periodic_eval(recent_mean)
                 self.wall_time = time.perf_counter() - start
