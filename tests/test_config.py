@@ -102,6 +102,7 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("torch_threads", 0, ("torch_threads", "got 0"), {}),
     ("eval_episodes", -1, ("eval_episodes", "-1"), {}),
     ("checkpoint_every", 0, ("checkpoint_every", "got 0"), {}),
+    ("checkpoint_keep", 0, ("checkpoint_keep", "got 0"), {}),
     ("eval_every", -1, ("eval_every", "-1"), {}),
     ("target_return", math.inf, ("target_return", "inf"), {}),
     ("target_return", 100.0, ("target_return", "eval_episodes", "got 0"), {"eval_episodes": 0}),

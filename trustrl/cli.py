@@ -152,13 +152,58 @@ def cmd_presets(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "presets": cmd_presets}
+def cmd_export(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="trustrl export",
+        description="Export a saved policy's deterministic actor, observation normalizer "
+        "included, as one file that runs without trustrl (see trustrl/export.py).",
+    )
+    parser.add_argument("path", help="run folder or checkpoint folder")
+    parser.add_argument("--format", default="onnx", help="onnx (default) or torchscript")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="output file (default: policy.onnx / policy.pt in the run folder)",
+    )
+    parser.add_argument(
+        "--deterministic",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="export the distribution's mode as the action (the default and only choice)",
+    )
+    args = parser.parse_args(argv)
+    from trustrl.export import FORMATS, ExportError, export_policy
+
+    if args.format not in FORMATS:
+        raise UsageError(f"unknown export format {args.format!r}; choose from {', '.join(FORMATS)}")
+    if not args.deterministic:
+        raise UsageError(
+            "--no-deterministic: only deterministic actors can be exported (sampling would need "
+            "a random source the deployment runtime controls)"
+        )
+    try:
+        result = export_policy(args.path, args.format, args.out)
+    except ExportError as exc:
+        raise UsageError(str(exc)) from None
+    inputs = ", ".join(f"{name} {kind}" for name, kind in result.inputs.items())
+    outputs = ", ".join(f"{name} {kind}" for name, kind in result.outputs.items())
+    print(f"exported {result.checkpoint} -> {result.path} ({result.format})")
+    print(f"  inputs: {inputs}")
+    print(f"  output: {outputs}")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "export": cmd_export, "presets": cmd_presets}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: trustrl {train,eval,presets} ...\n\n" + TRAIN_USAGE.split("\n\n")[0])
+        print(
+            "usage: trustrl {train,eval,presets} ...\n"
+            "       trustrl export RUN_OR_CHECKPOINT [--format onnx|torchscript] [--out FILE]\n\n"
+            + TRAIN_USAGE.split("\n\n")[0]
+        )
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:

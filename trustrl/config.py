@@ -265,6 +265,8 @@ class Config:
     """Deterministic evaluation episodes at the end of training (0: none)."""
     checkpoint_every: int = 10
     """Write a checkpoint every this many iterations (the final one is always written)."""
+    checkpoint_keep: int = 3
+    """Iteration checkpoints to keep (the newest ones; the final checkpoint is always kept)."""
     eval_every: int = 0
     """Also evaluate deterministically every this many iterations (0: only at the end)."""
     target_return: float | None = None
@@ -294,6 +296,7 @@ class Config:
         _check_int("torch_threads", self.torch_threads, 1)
         _check_int("eval_episodes", self.eval_episodes, 0)
         _check_int("checkpoint_every", self.checkpoint_every, 1)
+        _check_int("checkpoint_keep", self.checkpoint_keep, 1)
         _check_int("eval_every", self.eval_every, 0)
         if self.target_return is not None:
             _require(

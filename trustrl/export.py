@@ -77,15 +77,15 @@ class DeployedActor(nn.Module):
         self.register_buffer("low", torch.tensor(spec.low, dtype=torch.float32))
         self.register_buffer("high", torch.tensor(spec.high, dtype=torch.float32))
         self.actor = copy.deepcopy(policy.actor)
-        self.head = copy.deepcopy(policy.head)  # type: ignore[arg-type]
+        self.head = copy.deepcopy(policy.head)
 
     def forward(self, obs: Tensor, action_mask: Tensor | None = None) -> Tensor:
         x = obs.to(torch.float32).reshape(-1, self.obs_dim)
         if self.normalize:
             x = ((x - self.obs_mean) * self.obs_scale).clamp(-self.obs_clip, self.obs_clip)
         mask = action_mask.to(torch.bool) if action_mask is not None else None
-        params = self.head.forward(self.actor(x), mask)  # type: ignore[operator]
-        actions: Tensor = self.head.mode(params)  # type: ignore[operator]
+        params = self.head.forward(self.actor(x), mask)
+        actions: Tensor = self.head.mode(params)
         if self.kind == "box":
             # np.clip(a, low, high) in SpaceSpec.to_env is min(max(a, low), high).
             actions = torch.minimum(torch.maximum(actions, self.low), self.high)

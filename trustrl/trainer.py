@@ -38,8 +38,6 @@ from trustrl.rollout import Rollout
 from trustrl.spaces import SpaceSpec
 from trustrl.updates import make_update
 
-CHECKPOINT_KEEP = 3
-
 
 def default_run_dir(config: Config) -> Path:
     name = config.env_id.replace(":", "_").replace("/", "_")
@@ -116,6 +114,8 @@ class Trainer:
         meta = {
             "config": config_to_dict(self.config),
             "iteration": self.iteration,
+            # Weights change once per iteration: the version travels with rollouts later.
+            "policy_version": self.iteration,
             "env_steps": self.env_steps,
             "wall_time": self.wall_time,
         }
@@ -127,7 +127,7 @@ class Trainer:
             capture_envs(self.collector.envs),
         )
         set_latest(checkpoints, name)
-        prune(checkpoints, CHECKPOINT_KEEP)
+        prune(checkpoints, self.config.checkpoint_keep)
         return folder
 
     def _restore(self) -> None:
