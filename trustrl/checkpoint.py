@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from trustrl.policy import Policy
@@ -121,7 +121,15 @@ def write_checkpoint(
     skeleton, tensors = flatten_state(training_state)
     try:
         tmp.mkdir(parents=True)
-        _write_file(tmp / POLICY_FILE, lambda p: save_file(dict(policy.state_dict()), str(p)))
+        description = policy.describe()
+        # The weights carry their own description too, so a meta.json that was edited or
+        # swapped cannot make them load as a policy for other spaces.
+        _write_file(
+            tmp / POLICY_FILE,
+            lambda p: save_file(
+                dict(policy.state_dict()), str(p), metadata={"policy": json.dumps(description)}
+            ),
+        )
         _write_file(tmp / STATE_FILE, lambda p: save_file(tensors, str(p)))
         env_record = None
         if env_state is not None:
@@ -130,7 +138,7 @@ def write_checkpoint(
         document = {
             "format_version": FORMAT_VERSION,
             **meta,
-            "policy": policy.describe(),
+            "policy": description,
             "training_state": skeleton,
             "env_state": env_record,
         }
@@ -200,9 +208,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def read_meta(folder: Path) -> dict[str, Any]:
     try:
-        meta = json.loads((folder / META).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        meta = json.loads((folder / META).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON or not UTF-8 text
         raise CheckpointError(f"{folder / META} is unreadable: {exc}") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{folder / META} is not a trustrl checkpoint description")
     version = meta.get("format_version")
     if version != FORMAT_VERSION:
         raise CheckpointError(
@@ -221,18 +231,44 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"checkpoint file {path} is damaged or truncated: {exc}") from None
 
 
+def differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Where two nested JSON-like values differ: "path (a vs b)" for each leaf."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[str] = []
+        for key in sorted(set(a) | set(b)):
+            out += differences(a.get(key), b.get(key), f"{prefix}{key}.")
+        return out
+    return [] if a == b else [f"{prefix[:-1]} ({a!r} vs {b!r})"]
+
+
 def load_policy(path: str | Path) -> Policy:
     """Rebuild the policy (with its normalizer) from a checkpoint; no pickle anywhere."""
     folder = resolve_checkpoint(path)
     meta = read_meta(folder)
-    policy = Policy.from_description(meta["policy"])
-    state = _load_tensors(folder / POLICY_FILE)
+    description = meta.get("policy")
+    try:
+        policy = Policy.from_description(description)  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(
+            f"{folder / META} does not describe a trustrl policy ({type(exc).__name__}: {exc})"
+        ) from None
+    weights = folder / POLICY_FILE
+    state = _load_tensors(weights)
+    try:
+        with safe_open(str(weights), framework="pt") as handle:
+            stored = (handle.metadata() or {}).get("policy")
+        saved = json.loads(stored) if stored else None
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint file {weights} is damaged: {exc}") from None
+    if saved is not None and saved != description:
+        differs = ", ".join(differences(saved, description))
+        raise CheckpointError(
+            f"{weights} was saved for another policy than {folder / META} describes: {differs}"
+        )
     try:
         policy.load_state_dict(state)
     except RuntimeError as exc:
-        raise CheckpointError(
-            f"{folder / POLICY_FILE} does not fit the described policy: {exc}"
-        ) from None
+        raise CheckpointError(f"{weights} does not fit the described policy: {exc}") from None
     policy.eval()
     return policy
 
@@ -243,7 +279,14 @@ def load_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any], Policy, dic
     meta = read_meta(folder)
     policy = load_policy(folder)
     tensors = _load_tensors(folder / STATE_FILE)
-    return folder, meta, policy, unflatten_state(meta["training_state"], tensors)
+    try:
+        state = unflatten_state(meta["training_state"], tensors)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(
+            f"{folder / STATE_FILE} does not hold the training state {folder / META} "
+            f"describes ({type(exc).__name__}: {exc})"
+        ) from None
+    return folder, meta, policy, state
 
 
 def read_env_state(folder: Path, meta: dict[str, Any]) -> bytes | None:

@@ -22,8 +22,53 @@ from torch import Tensor, nn
 MASKED_LOGIT = -1e8
 
 
+class StackedLinear(nn.Module):
+    """One linear layer per agent, stored stacked: ``weight`` (A, out, in), ``bias`` (A, out).
+
+    Each row is multiplied by its own agent's weights in one batched matmul; rows may come
+    in any order and mix of agents (collector rows and shuffled minibatches alike).
+    """
+
+    def __init__(self, num_agents: int, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_agents, out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(num_agents, out_features))
+        for agent in range(num_agents):  # the same initialization as nn.Linear, per agent
+            reference = nn.Linear(in_features, out_features)
+            with torch.no_grad():
+                self.weight[agent].copy_(reference.weight)
+                self.bias[agent].copy_(reference.bias)
+
+    @property
+    def num_agents(self) -> int:
+        return self.weight.shape[0]
+
+    def forward(self, x: Tensor, agent: Tensor) -> Tensor:
+        """x (B, in), agent (B,) -> (B, out)."""
+        return torch.baddbmm(
+            self.bias[agent].unsqueeze(-1), self.weight[agent], x.unsqueeze(-1)
+        ).squeeze(-1)
+
+
+def linear_for(num_agents: int, in_features: int, out_features: int) -> nn.Module:
+    """nn.Linear shared by all agents, or one per agent (stacked) when num_agents > 1."""
+    if num_agents > 1:
+        return StackedLinear(num_agents, in_features, out_features)
+    return nn.Linear(in_features, out_features)
+
+
+def apply_linear(layer: nn.Module, x: Tensor, agent: Tensor | None) -> Tensor:
+    if isinstance(layer, StackedLinear):
+        if agent is None:
+            raise ValueError("per-agent layers need the agent index of every row")
+        return layer(x, agent)
+    return layer(x)
+
+
 class ActionHead(Protocol):
-    def forward(self, features: Tensor, mask: Tensor | None = None) -> Tensor: ...
+    def forward(
+        self, features: Tensor, mask: Tensor | None = None, agent: Tensor | None = None
+    ) -> Tensor: ...
     def sample(self, params: Tensor, generator: torch.Generator | None = None) -> Tensor: ...
     def mode(self, params: Tensor) -> Tensor: ...
     def log_prob(self, params: Tensor, actions: Tensor) -> Tensor: ...
@@ -52,12 +97,14 @@ def _categorical_kl(old: Tensor, new: Tensor) -> Tensor:
 
 
 class CategoricalHead(nn.Module):
-    def __init__(self, in_features: int, n: int) -> None:
+    def __init__(self, in_features: int, n: int, num_agents: int = 1) -> None:
         super().__init__()
-        self.linear = nn.Linear(in_features, n)
+        self.linear = linear_for(num_agents, in_features, n)
 
-    def forward(self, features: Tensor, mask: Tensor | None = None) -> Tensor:
-        return _categorical_log_probs(self.linear(features), mask)
+    def forward(
+        self, features: Tensor, mask: Tensor | None = None, agent: Tensor | None = None
+    ) -> Tensor:
+        return _categorical_log_probs(apply_linear(self.linear, features, agent), mask)
 
     def sample(self, params: Tensor, generator: torch.Generator | None = None) -> Tensor:
         return _gumbel_argmax(params, generator)
@@ -78,16 +125,18 @@ class CategoricalHead(nn.Module):
 class MultiCategoricalHead(nn.Module):
     """Independent categoricals, one per MultiDiscrete component; log-probs add."""
 
-    def __init__(self, in_features: int, nvec: tuple[int, ...]) -> None:
+    def __init__(self, in_features: int, nvec: tuple[int, ...], num_agents: int = 1) -> None:
         super().__init__()
         self.nvec = list(nvec)
-        self.linear = nn.Linear(in_features, sum(nvec))
+        self.linear = linear_for(num_agents, in_features, sum(nvec))
 
     def _blocks(self, params: Tensor) -> tuple[Tensor, ...]:
         return torch.split(params, self.nvec, dim=-1)
 
-    def forward(self, features: Tensor, mask: Tensor | None = None) -> Tensor:
-        logits = self.linear(features)
+    def forward(
+        self, features: Tensor, mask: Tensor | None = None, agent: Tensor | None = None
+    ) -> Tensor:
+        logits = apply_linear(self.linear, features, agent)
         masks = (
             torch.split(mask, self.nvec, dim=-1) if mask is not None else [None] * len(self.nvec)
         )
@@ -132,15 +181,22 @@ _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 class DiagGaussianHead(nn.Module):
     """Gaussian with a learned, state-independent log standard deviation."""
 
-    def __init__(self, in_features: int, dim: int, log_std_init: float = 0.0) -> None:
+    def __init__(
+        self, in_features: int, dim: int, log_std_init: float = 0.0, num_agents: int = 1
+    ) -> None:
         super().__init__()
         self.dim = dim
-        self.linear = nn.Linear(in_features, dim)
-        self.log_std = nn.Parameter(torch.full((dim,), float(log_std_init)))
+        self.linear = linear_for(num_agents, in_features, dim)
+        # (dim,), or (A, dim) with one log-std per agent for per-agent actors.
+        shape = (num_agents, dim) if num_agents > 1 else (dim,)
+        self.log_std = nn.Parameter(torch.full(shape, float(log_std_init)))
 
-    def forward(self, features: Tensor, mask: Tensor | None = None) -> Tensor:
-        mean = self.linear(features)
-        return torch.cat([mean, self.log_std.expand_as(mean)], -1)
+    def forward(
+        self, features: Tensor, mask: Tensor | None = None, agent: Tensor | None = None
+    ) -> Tensor:
+        mean = apply_linear(self.linear, features, agent)
+        log_std = self.log_std[agent] if self.log_std.dim() == 2 else self.log_std.expand_as(mean)
+        return torch.cat([mean, log_std], -1)
 
     def sample(self, params: Tensor, generator: torch.Generator | None = None) -> Tensor:
         mean, log_std = params.split(self.dim, -1)

@@ -78,6 +78,7 @@ class DeployedActor(nn.Module):
         self.register_buffer("high", torch.tensor(spec.high, dtype=torch.float32))
         self.actor = copy.deepcopy(policy.actor)
         self.head = copy.deepcopy(policy.head)
+        self.requires_grad_(False)  # inference only: outputs carry no autograd graph
 
     def forward(self, obs: Tensor, action_mask: Tensor | None = None) -> Tensor:
         x = obs.to(torch.float32).reshape(-1, self.obs_dim)
@@ -219,6 +220,9 @@ def _export_onnx(
 def _export_torchscript(
     module: DeployedActor, example: tuple[Tensor, ...], path: Path, info: dict[str, Any]
 ) -> None:
-    with torch.no_grad():
+    # torch.jit is deprecated in favour of torch.export, but a TorchScript file is still
+    # what C++ (libtorch) and older runtimes load; the warnings are silenced like ONNX's.
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", DeprecationWarning)
         traced = torch.jit.trace(module, example)
-    torch.jit.save(traced, str(path), _extra_files={"trustrl.json": json.dumps(info)})
+        torch.jit.save(traced, str(path), _extra_files={"trustrl.json": json.dumps(info)})

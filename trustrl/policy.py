@@ -8,6 +8,7 @@ reach actor weights.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict
 from pathlib import Path
@@ -23,6 +24,7 @@ from trustrl.distributions import (
     CategoricalHead,
     DiagGaussianHead,
     MultiCategoricalHead,
+    StackedLinear,
 )
 from trustrl.normalize import RunningMeanStd
 from trustrl.spaces import SpaceSpec
@@ -44,18 +46,50 @@ def orthogonal_init(module: nn.Module, gain: float) -> None:
         if isinstance(layer, nn.Linear):
             nn.init.orthogonal_(layer.weight, gain=gain)
             nn.init.zeros_(layer.bias)
+        elif isinstance(layer, StackedLinear):
+            for agent in range(layer.num_agents):
+                nn.init.orthogonal_(layer.weight[agent], gain=gain)
+            nn.init.zeros_(layer.bias)
 
 
-def make_head(spec: SpaceSpec, in_features: int, config: PolicyConfig) -> nn.Module:
+class StackedMLP(nn.Module):
+    """Per-agent MLPs evaluated together: one batched matmul per layer, no loop over agents."""
+
+    def __init__(
+        self, num_agents: int, in_features: int, hidden_sizes: tuple[int, ...], activation: str
+    ) -> None:
+        super().__init__()
+        sizes = (in_features, *hidden_sizes)
+        self.layers = nn.ModuleList(
+            StackedLinear(num_agents, a, b) for a, b in itertools.pairwise(sizes)
+        )
+        self.activation = ACTIVATIONS[activation]()
+
+    def forward(self, x: Tensor, agent: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = self.activation(layer(x, agent))
+        return x
+
+
+def make_head(
+    spec: SpaceSpec, in_features: int, config: PolicyConfig, num_agents: int = 1
+) -> nn.Module:
     if spec.action_kind == "discrete":
-        return CategoricalHead(in_features, spec.nvec[0])
+        return CategoricalHead(in_features, spec.nvec[0], num_agents)
     if spec.action_kind == "multidiscrete":
-        return MultiCategoricalHead(in_features, spec.nvec)
-    return DiagGaussianHead(in_features, spec.action_shape[0], config.log_std_init)
+        return MultiCategoricalHead(in_features, spec.nvec, num_agents)
+    return DiagGaussianHead(in_features, spec.action_shape[0], config.log_std_init, num_agents)
 
 
 class Policy(nn.Module):
-    """Actor-critic over flat float32 observations (B, obs_dim)."""
+    """Actor-critic over flat float32 observations (B, obs_dim).
+
+    Multi-agent groups use the same module with an agent index per row: ``num_agents``
+    agents share the spaces; ``per_agent`` gives each its own actor (stacked weights),
+    otherwise one actor serves all, with the agent's one-hot id appended when
+    ``agent_id``. The critic is one per group, shared by its agents, reading the
+    observation or ``critic_dim`` features of a global state (plus the agent id).
+    """
 
     def __init__(
         self,
@@ -63,17 +97,39 @@ class Policy(nn.Module):
         config: PolicyConfig | None = None,
         normalize_obs: bool = False,
         obs_clip: float = 10.0,
+        num_agents: int = 1,
+        per_agent: bool = False,
+        agent_id: bool = False,
+        critic_dim: int | None = None,
+        value_norm: bool = False,
     ) -> None:
         super().__init__()
         config = config or PolicyConfig()
         self.spec = spec
         self.config = config
+        self.num_agents = num_agents
+        self.per_agent = per_agent
+        self.agent_id = agent_id
+        self.critic_dim = critic_dim
         self.obs_normalizer = RunningMeanStd(spec.obs_dim, clip=obs_clip) if normalize_obs else None
+        self.critic_normalizer = (
+            RunningMeanStd(critic_dim, clip=obs_clip) if normalize_obs and critic_dim else None
+        )
+        # Value normalization: the critic predicts standardized returns.
+        self.value_normalizer = RunningMeanStd((), clip=1e6) if value_norm else None
         hidden = config.hidden_sizes
-        self.actor = mlp(spec.obs_dim, hidden, config.activation)
-        self.head: ActionHead = make_head(spec, hidden[-1], config)  # type: ignore[assignment]
+        id_width = num_agents if agent_id else 0
+        self.actor: nn.Module
+        self.head: ActionHead
+        if per_agent:
+            self.actor = StackedMLP(num_agents, spec.obs_dim, hidden, config.activation)
+            self.head = make_head(spec, hidden[-1], config, num_agents)  # type: ignore[assignment]
+        else:
+            self.actor = mlp(spec.obs_dim + id_width, hidden, config.activation)
+            self.head = make_head(spec, hidden[-1], config)  # type: ignore[assignment]
+        critic_in = (critic_dim or spec.obs_dim) + id_width
         self.critic = nn.Sequential(
-            mlp(spec.obs_dim, hidden, config.activation), nn.Linear(hidden[-1], 1)
+            mlp(critic_in, hidden, config.activation), nn.Linear(hidden[-1], 1)
         )
         if config.ortho_init:
             orthogonal_init(self.actor, math.sqrt(2))
@@ -87,11 +143,42 @@ class Policy(nn.Module):
     def normalize(self, obs: Tensor) -> Tensor:
         return self.obs_normalizer(obs) if self.obs_normalizer is not None else obs
 
-    def dist_params(self, obs: Tensor, mask: Tensor | None = None) -> Tensor:
-        return self.head.forward(self.actor(obs), mask)
+    def normalize_critic(self, critic_obs: Tensor) -> Tensor:
+        if self.critic_normalizer is None:
+            return critic_obs
+        return self.critic_normalizer(critic_obs)
 
-    def value(self, obs: Tensor) -> Tensor:
-        return self.critic(obs).squeeze(-1)
+    def _with_id(self, x: Tensor, agent: Tensor | None) -> Tensor:
+        if not self.agent_id:
+            return x
+        if agent is None:
+            raise ValueError("this policy appends agent ids: give the agent index of every row")
+        return torch.cat([x, nn.functional.one_hot(agent, self.num_agents).to(x.dtype)], -1)
+
+    def dist_params(
+        self, obs: Tensor, mask: Tensor | None = None, agent: Tensor | None = None
+    ) -> Tensor:
+        if self.per_agent:
+            if agent is None:
+                raise ValueError("per-agent actors need the agent index of every row")
+            return self.head.forward(self.actor(obs, agent), mask, agent)
+        return self.head.forward(self.actor(self._with_id(obs, agent)), mask)
+
+    def value_raw(
+        self, obs: Tensor, critic_obs: Tensor | None = None, agent: Tensor | None = None
+    ) -> Tensor:
+        """The critic's output (standardized when value normalization is on)."""
+        x = critic_obs if critic_obs is not None else obs
+        return self.critic(self._with_id(x, agent)).squeeze(-1)
+
+    def value(
+        self, obs: Tensor, critic_obs: Tensor | None = None, agent: Tensor | None = None
+    ) -> Tensor:
+        raw = self.value_raw(obs, critic_obs, agent)
+        norm = self.value_normalizer
+        if norm is None:
+            return raw
+        return raw * norm.var.sqrt().to(raw.dtype) + norm.mean.to(raw.dtype)
 
     def actor_parameters(self) -> list[nn.Parameter]:
         return [*self.actor.parameters(), *self.head.parameters()]  # type: ignore[attr-defined]
@@ -101,12 +188,44 @@ class Policy(nn.Module):
 
     @torch.inference_mode()
     def step(
-        self, obs: Tensor, mask: Tensor | None = None, generator: torch.Generator | None = None
+        self,
+        obs: Tensor,
+        mask: Tensor | None = None,
+        generator: torch.Generator | None = None,
+        critic_obs: Tensor | None = None,
+        agent: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Collector inference on normalized obs: (actions, logprob, value)."""
-        params = self.dist_params(obs, mask)
+        params = self.dist_params(obs, mask, agent)
         actions = self.head.sample(params, generator)
-        return actions, self.head.log_prob(params, actions), self.value(obs)
+        return actions, self.head.log_prob(params, actions), self.value(obs, critic_obs, agent)
+
+    def register_agent(self) -> list[tuple[nn.Parameter, int]]:
+        """Add one agent: a fresh actor of its own in per-agent mode, a new id column for
+        the actor and the critic when ids are appended.
+
+        Parameters grow in place (the same objects, so optimizers keep them); returns each
+        grown parameter with the dimension it grew along, for extending optimizer state.
+        """
+        grown: list[tuple[nn.Parameter, int]] = []
+        if self.per_agent:
+            fresh = Policy(self.spec, self.config, num_agents=1, per_agent=True)
+            fresh_params = dict(fresh.named_parameters())
+            for name, param in self.named_parameters():
+                if name.startswith(("actor.", "head.")):
+                    param.data = torch.cat([param.data, fresh_params[name].detach()], 0)
+                    grown.append((param, 0))
+        if self.agent_id:
+            # A zero input column for the new id leaves every existing output unchanged.
+            critic_body: Any = self.critic[0]
+            actor_body: Any = self.actor
+            firsts = [critic_body[0]] if self.per_agent else [actor_body[0], critic_body[0]]
+            for layer in firsts:
+                weight = layer.weight
+                weight.data = torch.cat([weight.data, weight.data.new_zeros(len(weight), 1)], 1)
+                grown.append((weight, 1))
+        self.num_agents += 1
+        return grown
 
     # The user-facing API.
 
@@ -143,6 +262,11 @@ class Policy(nn.Module):
             },
             "normalize_obs": self.obs_normalizer is not None,
             "obs_clip": self.obs_normalizer.clip if self.obs_normalizer is not None else 10.0,
+            "num_agents": self.num_agents,
+            "per_agent": self.per_agent,
+            "agent_id": self.agent_id,
+            "critic_dim": self.critic_dim,
+            "value_norm": self.value_normalizer is not None,
         }
 
     @classmethod
@@ -154,6 +278,11 @@ class Policy(nn.Module):
             PolicyConfig(**policy_table),
             normalize_obs=description["normalize_obs"],
             obs_clip=description["obs_clip"],
+            num_agents=description.get("num_agents", 1),
+            per_agent=description.get("per_agent", False),
+            agent_id=description.get("agent_id", False),
+            critic_dim=description.get("critic_dim"),
+            value_norm=description.get("value_norm", False),
         )
 
     @classmethod

@@ -58,17 +58,24 @@ class Rollout:
         action_shape: tuple[int, ...],
         action_dtype: torch.dtype,
         mask_dim: int | None = None,
+        critic_dim: int | None = None,
+        num_agents: int = 1,
     ) -> None:
         t, n = num_steps, num_rows
         self.num_steps, self.num_rows = t, n
         self.obs = torch.zeros((t, n, obs_dim))  # (T, N, obs_dim), normalized as acted on
+        # (T, N, critic_dim) critic input where it is not the observation (a global state).
+        self.critic_obs = torch.zeros((t, n, critic_dim)) if critic_dim is not None else None
+        # (N,) agent index of each row: rows are (env, agent) pairs, agent fastest.
+        self.agent = torch.arange(n) % num_agents
         self.actions = torch.zeros((t, n, *action_shape), dtype=action_dtype)  # (T, N, *act)
         self.logprob = torch.zeros((t, n))  # (T, N), frozen at collection time
         self.values = torch.zeros((t, n))  # (T, N)
         self.rewards = torch.zeros((t, n))  # (T, N), after reward scaling
         self.terminated = torch.zeros((t, n))  # (T, N), 1.0 where step t terminated
         self.truncated = torch.zeros((t, n))  # (T, N), 1.0 where step t hit a time limit
-        self.valid = torch.zeros((t, n), dtype=torch.bool)  # (T, N), False on reset rows
+        # (T, N), False on reset rows and on rows of agents that already finished.
+        self.valid = torch.zeros((t, n), dtype=torch.bool)
         # (T, N, A) allowed actions, only for masked discrete policies.
         self.action_mask = (
             torch.ones((t, n, mask_dim), dtype=torch.bool) if mask_dim is not None else None
@@ -98,13 +105,25 @@ class Rollout:
             advantages=rows(self.advantages),
             returns=rows(self.returns),
             action_mask=rows(self.action_mask) if self.action_mask is not None else None,
+            critic_obs=rows(self.critic_obs) if self.critic_obs is not None else None,
+            agent=self.agent.expand(self.num_steps, -1).reshape(-1)[index],
         )
 
 
 class Batch:
     """Flat training samples: every tensor's first dimension is the sample index."""
 
-    __slots__ = ("action_mask", "actions", "advantages", "logprob", "obs", "returns", "values")
+    __slots__ = (
+        "action_mask",
+        "actions",
+        "advantages",
+        "agent",
+        "critic_obs",
+        "logprob",
+        "obs",
+        "returns",
+        "values",
+    )
 
     def __init__(
         self,
@@ -115,6 +134,8 @@ class Batch:
         advantages: Tensor,
         returns: Tensor,
         action_mask: Tensor | None = None,
+        critic_obs: Tensor | None = None,
+        agent: Tensor | None = None,
     ) -> None:
         self.obs = obs  # (B, obs_dim)
         self.actions = actions  # (B, *act)
@@ -123,11 +144,16 @@ class Batch:
         self.advantages = advantages  # (B,)
         self.returns = returns  # (B,)
         self.action_mask = action_mask  # (B, A) or None
+        self.critic_obs = critic_obs  # (B, critic_dim) or None: the critic reads obs
+        self.agent = agent if agent is not None else torch.zeros(len(obs), dtype=torch.long)  # (B,)
 
     def __len__(self) -> int:
         return self.obs.shape[0]
 
     def __getitem__(self, index: Tensor) -> Batch:
+        def pick(x: Tensor | None) -> Tensor | None:
+            return x[index] if x is not None else None
+
         return Batch(
             self.obs[index],
             self.actions[index],
@@ -135,5 +161,7 @@ class Batch:
             self.values[index],
             self.advantages[index],
             self.returns[index],
-            self.action_mask[index] if self.action_mask is not None else None,
+            pick(self.action_mask),
+            pick(self.critic_obs),
+            self.agent[index],
         )

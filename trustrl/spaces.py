@@ -17,6 +17,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from trustrl.config import ConfigError
+
 ActionKind = Literal["discrete", "multidiscrete", "box"]
 
 
@@ -57,13 +59,13 @@ class SpaceSpec:
         if isinstance(observation_space, gym.spaces.Dict):
             keys = set(observation_space.spaces)
             if keys != {"observation", "action_mask"}:
-                raise ValueError(
+                raise ConfigError(
                     "dict observations must have exactly the keys 'observation' and "
                     f"'action_mask', got {sorted(keys)}"
                 )
             observation_space = observation_space["observation"]
         if not isinstance(observation_space, gym.spaces.Box):
-            raise ValueError(
+            raise ConfigError(
                 f"observation space must be a Box (or a Dict of observation and action_mask), "
                 f"got {observation_space}"
             )
@@ -74,10 +76,12 @@ class SpaceSpec:
                 obs_shape, "discrete", (), (int(action_space.n),), dict_obs=dict_obs, masked=masked
             )
         if masked:
-            raise ValueError(f"action masks are supported for Discrete actions, got {action_space}")
+            raise ConfigError(
+                f"action masks are supported for Discrete actions, got {action_space}"
+            )
         if isinstance(action_space, gym.spaces.MultiDiscrete):
             if action_space.nvec.ndim != 1:
-                raise ValueError(
+                raise ConfigError(
                     f"MultiDiscrete actions must be one-dimensional, got {action_space}"
                 )
             nvec = tuple(int(n) for n in action_space.nvec)
@@ -92,7 +96,9 @@ class SpaceSpec:
                 high=tuple(float(x) for x in action_space.high.reshape(-1)),
                 env_action_shape=tuple(int(d) for d in action_space.shape),
             )
-        raise ValueError(f"action space must be Discrete, MultiDiscrete or Box, got {action_space}")
+        raise ConfigError(
+            f"action space must be Discrete, MultiDiscrete or Box, got {action_space}"
+        )
 
     def split(
         self, raw: Any, info: dict[str, Any] | None = None

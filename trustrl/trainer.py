@@ -22,6 +22,7 @@ import torch
 
 from trustrl.checkpoint import (
     CheckpointError,
+    differences,
     load_checkpoint,
     prune,
     read_env_state,
@@ -64,7 +65,6 @@ class Trainer:
     ) -> None:
         self.config = config
         self.run_dir = Path(run_dir or config.run_dir or default_run_dir(config))
-        check_writable(self.run_dir)
         torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
 
@@ -89,6 +89,8 @@ class Trainer:
             spec.action_dtype,
             spec.mask_dim,
         )
+        # After the envs: a bad env id or space leaves no empty run folder behind.
+        check_writable(self.run_dir)
         self.iteration = 0
         self.env_steps = 0
         self.wall_time = 0.0
@@ -138,8 +140,12 @@ class Trainer:
                 f"{self.run_dir} holds a {saved.algo} run on {saved.env_id}, not "
                 f"{self.config.algo} on {self.config.env_id}"
             )
-        if policy.spec != self.policy.spec:
-            raise CheckpointError(f"{self.run_dir} was trained for other spaces: {policy.spec}")
+        differs = differences(policy.describe(), self.policy.describe())
+        if differs:
+            raise CheckpointError(
+                f"{self.run_dir} holds a policy that differs from this config's: "
+                f"{', '.join(differs)}"
+            )
         self.policy.load_state_dict(policy.state_dict())
         self.update.load_state_dict(state["update"])
         torch.set_rng_state(state["torch_rng"])

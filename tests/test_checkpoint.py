@@ -1,0 +1,307 @@
+"""Checkpoints: round trip with the normalizer, pickle refusal, damage, pruning, resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import signal
+import threading
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import trustrl
+from trustrl import cli
+from trustrl.checkpoint import CheckpointError, load_checkpoint
+from trustrl.config import Config, EnvConfig, PolicyConfig, PPOConfig, RolloutConfig
+from trustrl.logging import read_progress
+from trustrl.trainer import Trainer
+
+ITERATIONS = 5
+BATCH = 2 * 16
+
+
+def config(iterations: int = ITERATIONS, checkpoint_every: int = 1) -> Config:
+    return Config(
+        env_id="CartPole-v1",
+        seed=3,
+        total_steps=iterations * BATCH,
+        quiet=True,
+        eval_episodes=0,
+        checkpoint_every=checkpoint_every,
+        env=EnvConfig(num_envs=2, backend="sync", normalize_obs=True),
+        rollout=RolloutConfig(num_steps=16),
+        policy=PolicyConfig(hidden_sizes=(16,)),
+        ppo=PPOConfig(learning_rate=3e-3, update_epochs=2, num_minibatches=2),
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, trustrl.Policy]:
+    run_dir = tmp_path_factory.mktemp("run")
+    policy = Trainer(config(), run_dir).train()
+    return run_dir, policy
+
+
+def cartpole_observations() -> torch.Tensor:
+    """Observations from real episodes plus wide random ones (where the normalizer bites)."""
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    env.action_space.seed(0)
+    rows = [obs]
+    for _ in range(30):
+        obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        rows.append(obs)
+        if terminated or truncated:
+            obs, _ = env.reset()
+    env.close()
+    wide = np.random.default_rng(0).normal(0.0, 2.0, (30, 4)).astype(np.float32)
+    return torch.as_tensor(np.concatenate([np.stack(rows), wide]))
+
+
+def dist_params(policy: trustrl.Policy, obs: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return policy.dist_params(policy.normalize(obs))
+
+
+def test_only_the_last_three_iteration_checkpoints_are_kept(trained) -> None:
+    run_dir, _ = trained
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert names == ["final", "iter_00000003", "iter_00000004", "iter_00000005", "latest"]
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "final"
+
+
+def test_load_gives_the_trained_policy_normalizer_included(trained) -> None:
+    run_dir, policy = trained
+    normalizer = policy.obs_normalizer
+    assert normalizer is not None and normalizer.count.item() == ITERATIONS * BATCH
+    obs = cartpole_observations()
+    expected_params = dist_params(policy, obs)
+    expected_actions = policy.act(obs.numpy())
+    checkpoints = run_dir / "checkpoints"
+    for path in (run_dir, checkpoints, checkpoints / "final", checkpoints / "iter_00000005"):
+        loaded = trustrl.Policy.load(path)
+        assert loaded.obs_normalizer is not None, path
+        assert torch.equal(loaded.obs_normalizer.mean, normalizer.mean), path
+        assert torch.equal(loaded.obs_normalizer.var, normalizer.var), path
+        assert torch.equal(loaded.obs_normalizer.count, normalizer.count), path
+        assert torch.equal(dist_params(loaded, obs), expected_params), path
+        assert np.array_equal(loaded.act(obs.numpy()), expected_actions), path
+        for single in obs[:5].numpy():
+            assert loaded.act(single) == policy.act(single)
+    # trustrl.load_policy is the same loader.
+    assert torch.equal(dist_params(trustrl.load_policy(run_dir), obs), expected_params)
+
+    # The normalizer matters: the same weights without its statistics act differently.
+    bare = trustrl.Policy.load(run_dir)
+    assert bare.obs_normalizer is not None
+    bare.obs_normalizer.mean.zero_()
+    bare.obs_normalizer.var.fill_(1.0)
+    assert not torch.allclose(dist_params(bare, obs), expected_params)
+    # An older checkpoint is a different policy (the loader reads the folder it is given).
+    older = trustrl.Policy.load(checkpoints / "iter_00000003")
+    assert not torch.equal(dist_params(older, obs), expected_params)
+
+
+class MakesMarker:
+    """Unpickling this creates ``marker`` (what a malicious .pt file could do)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_pickle_files_are_refused_and_never_unpickled(
+    trained, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir, _ = trained
+    marker = tmp_path / "unpickled.marker"
+    evil_pt = tmp_path / "model.pt"
+    torch.save(MakesMarker(marker), evil_pt)
+    evil_pkl = tmp_path / "model.pkl"
+    evil_pkl.write_bytes(pickle.dumps(MakesMarker(marker)))
+
+    # Sanity: these files really do create the marker when unpickled.
+    check = tmp_path / "check.marker"
+    torch.save(MakesMarker(check), tmp_path / "check.pt")
+    torch.load(tmp_path / "check.pt", weights_only=False)
+    assert check.exists()
+
+    for evil in (evil_pt, evil_pkl):
+        with pytest.raises(CheckpointError, match="not a trustrl checkpoint folder"):
+            trustrl.Policy.load(evil)
+        assert cli.main(["eval", str(evil), "--episodes", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("trustrl: error: ") and str(evil) in err, err
+        assert "Traceback" not in err
+
+    # A folder of pickles is not a checkpoint either.
+    folder = tmp_path / "pickles"
+    folder.mkdir()
+    shutil.copy(evil_pt, folder / "policy.pt")
+    with pytest.raises(CheckpointError, match="no checkpoint found"):
+        trustrl.Policy.load(folder)
+
+    # A pickle posing as policy.safetensors in a real checkpoint folder.
+    fake = tmp_path / "fake"
+    shutil.copytree(run_dir / "checkpoints" / "final", fake)
+    shutil.copy(evil_pt, fake / "policy.safetensors")
+    with pytest.raises(CheckpointError, match=r"policy\.safetensors is damaged or truncated"):
+        trustrl.Policy.load(fake)
+    assert cli.main(["eval", str(fake), "--episodes", "1"]) == 2
+    assert "damaged or truncated" in capsys.readouterr().err
+
+    # The optional environment state (envs.pkl) is a pickle that only `train --resume`
+    # reads; loading a policy or evaluating never touches it, even when its digest matches.
+    tampered = tmp_path / "tampered"
+    shutil.copytree(run_dir / "checkpoints" / "final", tampered)
+    assert (tampered / "envs.pkl").is_file()
+    forge_env_state(tampered, MakesMarker(marker))
+    trustrl.Policy.load(tampered)
+    assert cli.main(["eval", str(tampered), "--episodes", "1", "--json"]) == 0
+    capsys.readouterr()
+
+    assert not marker.exists(), "a pickle was unpickled"
+
+
+def forge_env_state(folder: Path, payload: object) -> None:
+    """Replace envs.pkl with ``payload`` pickled, and make meta.json's digest match it."""
+    data = pickle.dumps(payload)
+    (folder / "envs.pkl").write_bytes(data)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["env_state"]["sha256"] = hashlib.sha256(data).hexdigest()
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.fixture
+def checkpoint_copy(trained, tmp_path: Path) -> Path:
+    run_dir, _ = trained
+    folder = tmp_path / "ckpt"
+    shutil.copytree(run_dir / "checkpoints" / "final", folder)
+    trustrl.Policy.load(folder)  # intact before the test damages it
+    return folder
+
+
+def test_missing_policy_file(checkpoint_copy: Path) -> None:
+    (checkpoint_copy / "policy.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"policy\.safetensors is missing"):
+        trustrl.Policy.load(checkpoint_copy)
+
+
+def test_truncated_policy_file(checkpoint_copy: Path) -> None:
+    path = checkpoint_copy / "policy.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"policy\.safetensors is damaged or truncated"):
+        trustrl.Policy.load(checkpoint_copy)
+
+
+def test_truncated_state_file_refuses_resume(checkpoint_copy: Path) -> None:
+    path = checkpoint_copy / "state.safetensors"
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=r"state\.safetensors is damaged or truncated"):
+        load_checkpoint(checkpoint_copy)
+
+
+def test_future_format_version(checkpoint_copy: Path) -> None:
+    meta_path = checkpoint_copy / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta["format_version"] == 1
+    meta["format_version"] = 99
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="format version 99") as error:
+        trustrl.Policy.load(checkpoint_copy)
+    assert "reads version 1" in str(error.value)
+
+
+def test_unreadable_meta(checkpoint_copy: Path) -> None:
+    (checkpoint_copy / "meta.json").write_text('{"format_version": 1, "poli')
+    with pytest.raises(CheckpointError, match=r"meta\.json is unreadable"):
+        trustrl.Policy.load(checkpoint_copy)
+
+
+def test_missing_path() -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        trustrl.Policy.load("/nonexistent/trustrl/run")
+
+
+def test_resume_continues_counters_and_appends_progress(tmp_path: Path) -> None:
+    Trainer(config(iterations=2), tmp_path).train()
+    assert [r["iteration"] for r in read_progress(tmp_path / "progress.csv")] == [1, 2]
+
+    trainer = Trainer(config(iterations=4), tmp_path, resume=True)
+    assert (trainer.iteration, trainer.env_steps) == (2, 2 * BATCH)
+    saved = trustrl.Policy.load(tmp_path).state_dict()
+    restored = trainer.policy.state_dict()
+    assert saved.keys() == restored.keys()
+    assert all(torch.equal(saved[k], restored[k]) for k in saved)
+    trainer.train()
+    assert trainer.iteration == 4
+
+    text = (tmp_path / "progress.csv").read_text()
+    assert text.count("iteration,") == 1, "header written twice"
+    rows = read_progress(tmp_path / "progress.csv")
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4]
+    assert [r["env_steps"] for r in rows] == [BATCH * n for n in (1, 2, 3, 4)]
+    assert rows[3]["wall_time"] >= rows[1]["wall_time"]
+    meta = json.loads((tmp_path / "checkpoints" / "final" / "meta.json").read_text())
+    assert (meta["iteration"], meta["env_steps"]) == (4, 4 * BATCH)
+    # The normalizer kept counting across the resume.
+    policy = trustrl.Policy.load(tmp_path)
+    assert policy.obs_normalizer is not None
+    assert policy.obs_normalizer.count.item() == 4 * BATCH
+
+    # Resuming a finished run of another env is refused.
+    other = Config(env_id="Acrobot-v1", total_steps=64, quiet=True, eval_episodes=0)
+    with pytest.raises(CheckpointError, match="CartPole-v1"):
+        Trainer(other, tmp_path, resume=True)
+
+
+def test_resume_after_interrupt_starts_from_the_newest_checkpoint(tmp_path: Path) -> None:
+    """A finished run resumed for longer, interrupted, resumed again: no stale 'final'."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("the trainer handles Ctrl-C only in the main thread")
+    Trainer(config(iterations=2, checkpoint_every=10), tmp_path).train()
+    trainer = Trainer(config(iterations=6, checkpoint_every=10), tmp_path, resume=True)
+    collect = trainer.collector.collect
+
+    def collect_then_interrupt(policy, rollout, train=True):
+        stats = collect(policy, rollout, train)
+        if trainer.iteration == 2:  # while collecting for iteration 3
+            os.kill(os.getpid(), signal.SIGINT)
+        return stats
+
+    trainer.collector.collect = collect_then_interrupt  # type: ignore[method-assign]
+    trainer.train()
+    assert trainer.interrupted and trainer.iteration == 3
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "iter_00000003"
+
+    again = Trainer(config(iterations=4, checkpoint_every=10), tmp_path, resume=True)
+    assert again.iteration == 3, "resumed from the stale final checkpoint"
+    again.train()
+    rows = read_progress(tmp_path / "progress.csv")
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"policy": PolicyConfig(hidden_sizes=(32,))},
+        {"env": EnvConfig(num_envs=2, backend="sync", normalize_obs=False)},
+    ],
+    ids=["hidden_sizes", "normalize_obs"],
+)
+def test_resume_with_other_network_settings_is_refused_clearly(tmp_path: Path, change) -> None:
+    Trainer(config(iterations=1), tmp_path).train()
+    changed = dataclasses.replace(config(iterations=2), **change)
+    with pytest.raises(CheckpointError, match=r"hidden_sizes|normalize_obs"):
+        Trainer(changed, tmp_path, resume=True)
