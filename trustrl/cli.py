@@ -16,9 +16,10 @@ from pathlib import Path
 from trustrl.config import Config, ConfigError, config_from_dict, read_toml, resolve
 
 TRAIN_USAGE = """\
-usage: trustrl train ENV_ID [--algo ppo] [--config FILE] [--seed N] [--total-steps N]
-                     [--run-dir DIR] [--quiet] [--<section>.<field> VALUE ...]
-       trustrl train --resume RUN_DIR [--total-steps N] [--quiet]
+trustrl train ENV_ID [--algo ppo] [--config FILE] [--seed N] [--total-steps N]
+              [--run-dir DIR] [--quiet] [--<section>.<field> VALUE ...]
+
+trustrl train --resume RUN_DIR [--total-steps N] [--quiet]
 
 Train on ENV_ID (a Gymnasium id or package.module:callable). The tuned preset for
 ENV_ID is used when one ships with trustrl (`trustrl presets`); --config FILE (TOML)
@@ -35,11 +36,10 @@ def _split_train_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--algo", default="ppo")
     parser.add_argument("--config", default=None)
     parser.add_argument("--resume", default=None)
+    parser.add_argument("--env-id", default=None)
     known, rest = parser.parse_known_args(argv)
-    env_id = None
     if rest and not rest[0].startswith("-"):
-        env_id, rest = rest[0], rest[1:]
-    known.env_id = env_id
+        known.env_id, rest = rest[0], rest[1:]
     return known, rest
 
 
@@ -200,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(
-            "usage: trustrl {train,eval,presets} ...\n"
+            "usage: trustrl {train,eval,export,presets} ...\n"
             "       trustrl export RUN_OR_CHECKPOINT [--format onnx|torchscript] [--out FILE]\n\n"
             + TRAIN_USAGE.split("\n\n")[0]
         )

@@ -1,10 +1,14 @@
-"""The collector: steps a policy through a vector env into a rollout.
+"""The collector: steps policies through an environment of rows into rollouts.
 
 It owns everything that lives between iterations on the acting side (the env, the
-current observation, which rows are mid-reset, episode accumulators, the reward
+current observations, which rows are mid-reset, episode accumulators, the reward
 scaler and the sampling generator) and nothing of the learner's. It is handed the
-policy to act with; in-process that is the trainer's own policy object, and a Ray
-runner will hold its own copy, refreshed from the learner's weights.
+policies to act with, one per agent group; in-process those are the trainer's own
+objects, and a Ray runner will hold its own copies, refreshed from the learner.
+
+A row is trained on only when it is *valid*: its agent was acting (not finished while
+others play on) and the step was not the NEXT_STEP reset step after an episode end
+(see rollout.py). Single-agent is one group of ``num_envs`` rows.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from trustrl.envs import GroupObs, GymRows, RowEnv
 from trustrl.normalize import RunningMeanStd
 from trustrl.policy import Policy
 from trustrl.rollout import Rollout
@@ -24,138 +29,232 @@ from trustrl.spaces import SpaceSpec
 
 @dataclass
 class EpisodeStats:
-    """Episodes that finished during one collect call, in raw (unscaled) reward."""
+    """Episodes that finished during one collect call, in raw (unscaled) reward.
+
+    One entry per finished (env, agent) episode; ``agents`` names the agent ("" for
+    single-agent envs).
+    """
 
     returns: list[float] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
+    agents: list[str] = field(default_factory=list)
 
 
-class Collector:
-    def __init__(
-        self,
-        envs: gym.vector.VectorEnv,
-        seed: int,
-        gamma: float,
-        normalize_reward: bool = False,
-        reward_clip: float = 10.0,
-    ) -> None:
-        self.envs = envs
-        self.num_envs = envs.num_envs
-        self.gamma = gamma
-        self.generator = torch.Generator().manual_seed(seed)
-        self.reward_scaler = RunningMeanStd((), clip=reward_clip) if normalize_reward else None
-        n = self.num_envs
-        self.discounted_return = np.zeros(n)  # (N,), for reward scaling
-        self.episode_return = np.zeros(n)  # (N,), raw reward so far
-        self.episode_length = np.zeros(n, dtype=np.int64)  # (N,)
-        self.resetting = np.zeros(n, dtype=bool)  # (N,), the next step of this env is a reset
-        raw, info = envs.reset(seed=seed)
-        # The spaces say everything but whether the env hands out masks in its info.
-        self.spec = SpaceSpec.from_spaces(
-            envs.single_observation_space, envs.single_action_space, "action_mask" in info
-        )
-        self.obs, self.mask = self.spec.split(raw, info)  # (N, obs_dim), (N, A) or None
+class _Lane:
+    """Per-group acting state: (rows,) arrays, rows = num_envs x agents of the group."""
 
-    def reset(self, seed: int) -> None:
-        """Start fresh episodes in every env (unfinished episodes are dropped)."""
-        raw, info = self.envs.reset(seed=seed)
-        self.obs, self.mask = self.spec.split(raw, info)
+    def __init__(self, rows: int, agents: tuple[str, ...], observed: GroupObs) -> None:
+        self.agent_names = agents
+        self.agent = torch.arange(rows) % len(agents)  # (rows,) agent index of each row
+        self.discounted_return = np.zeros(rows)  # for reward scaling
+        self.episode_return = np.zeros(rows)  # raw reward so far
+        self.episode_length = np.zeros(rows, dtype=np.int64)
+        self.resetting = np.zeros(rows, dtype=bool)  # the next step of this row is a reset
+        self.observe(observed)
+
+    def observe(self, observed: GroupObs) -> None:
+        self.obs = observed.obs  # (rows, obs_dim)
+        self.mask = observed.mask  # (rows, A) or None
+        self.critic_obs = observed.critic_obs  # (rows, critic_dim) or None
+        self.alive = observed.alive  # (rows,) or None
+
+    def clear(self) -> None:
         self.resetting[:] = False
         self.discounted_return[:] = 0.0
         self.episode_return[:] = 0.0
         self.episode_length[:] = 0
 
-    def collect(self, policy: Policy, rollout: Rollout, train: bool = True) -> EpisodeStats:
-        """Fill every row of ``rollout``; with ``train``, update the normalizers as we go."""
-        stats = EpisodeStats()
-        spec = self.spec
-        normalizer = policy.obs_normalizer if train else None
-        with torch.inference_mode():
-            for t in range(rollout.num_steps):
-                obs = torch.from_numpy(self.obs)
-                if normalizer is not None:
-                    normalizer.update(obs)
-                x = policy.normalize(obs)
-                mask = torch.from_numpy(self.mask) if self.mask is not None else None
-                actions, logprob, value = policy.step(x, mask, self.generator)
-                valid = ~self.resetting
-
-                rollout.obs[t] = x
-                rollout.actions[t] = actions
-                rollout.logprob[t] = logprob
-                rollout.values[t] = value
-                rollout.valid[t] = torch.from_numpy(valid)
-                if rollout.action_mask is not None and mask is not None:
-                    rollout.action_mask[t] = mask
-
-                raw, reward, terminated, truncated, info = self.envs.step(spec.to_env(actions))
-                reward = np.where(valid, reward, 0.0)
-                done = (terminated | truncated) & valid
-                self._track_episodes(reward, valid, done, stats)
-                rollout.rewards[t] = torch.from_numpy(self._scale(reward, valid, done, train))
-                rollout.terminated[t] = torch.from_numpy((terminated & valid).astype(np.float32))
-                rollout.truncated[t] = torch.from_numpy(
-                    (truncated & valid & ~terminated).astype(np.float32)
-                )
-                self.resetting = done
-                self.obs, self.mask = spec.split(raw, info)
-
-            rollout.last_value.copy_(policy.value(policy.normalize(torch.from_numpy(self.obs))))
-        return stats
-
-    def _track_episodes(
-        self, reward: np.ndarray, valid: np.ndarray, done: np.ndarray, stats: EpisodeStats
-    ) -> None:
-        self.episode_return += reward
-        self.episode_length += valid
-        for row in np.flatnonzero(done):
-            stats.returns.append(float(self.episode_return[row]))
-            stats.lengths.append(int(self.episode_length[row]))
-        self.episode_return[done] = 0.0
-        self.episode_length[done] = 0
-
-    def _scale(
-        self, reward: np.ndarray, valid: np.ndarray, done: np.ndarray, train: bool
-    ) -> np.ndarray:
-        """Reward / std(discounted return) (Engstrom et al. 2020's reward scaling)."""
-        if self.reward_scaler is None:
-            return reward.astype(np.float32)
-        self.discounted_return = self.discounted_return * self.gamma + reward
-        if train:
-            self.reward_scaler.update(torch.from_numpy(self.discounted_return[valid]))
-        self.discounted_return[done] = 0.0
-        return self.reward_scaler.scale(torch.from_numpy(reward)).numpy().astype(np.float32)
-
     def state_dict(self) -> dict[str, Any]:
         return {
-            "generator": self.generator.get_state(),
-            "reward_scaler": self.reward_scaler.state_dict() if self.reward_scaler else None,
             "discounted_return": self.discounted_return.copy(),
             "episode_return": self.episode_return.copy(),
             "episode_length": self.episode_length.copy(),
             "resetting": self.resetting.copy(),
             "obs": self.obs.copy(),
             "mask": self.mask.copy() if self.mask is not None else None,
+            "critic_obs": self.critic_obs.copy() if self.critic_obs is not None else None,
+            "alive": self.alive.copy() if self.alive is not None else None,
         }
 
-    def load_state_dict(
-        self, state: dict[str, Any], envs: gym.vector.VectorEnv | None = None
-    ) -> None:
-        """Restore the acting side. With ``envs`` (restored mid-episode), the episodes in
-        flight continue exactly; without, the current envs keep their fresh episodes."""
-        self.generator.set_state(state["generator"])
-        if self.reward_scaler is not None and state["reward_scaler"] is not None:
-            self.reward_scaler.load_state_dict(state["reward_scaler"])
-        if envs is None:
-            return
-        self.envs.close()
-        self.envs = envs
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.discounted_return = state["discounted_return"].copy()
         self.episode_return = state["episode_return"].copy()
         self.episode_length = state["episode_length"].copy()
         self.resetting = state["resetting"].copy()
-        self.obs = state["obs"].copy()
-        self.mask = state["mask"].copy() if state["mask"] is not None else None
+        self.observe(
+            GroupObs(
+                state["obs"].copy(),
+                _copy(state["mask"]),
+                _copy(state["critic_obs"]),
+                _copy(state["alive"]),
+            )
+        )
+
+
+def _copy(array: np.ndarray | None) -> np.ndarray | None:
+    return array.copy() if array is not None else None
+
+
+class Collector:
+    def __init__(
+        self,
+        envs: RowEnv | gym.vector.VectorEnv,
+        seed: int,
+        gamma: float,
+        normalize_reward: bool = False,
+        reward_clip: float = 10.0,
+    ) -> None:
+        self.rows: RowEnv = GymRows(envs) if isinstance(envs, gym.vector.VectorEnv) else envs
+        self.num_envs = self.rows.num_envs
+        self.gamma = gamma
+        self.generator = torch.Generator().manual_seed(seed)
+        self.reward_scaler = RunningMeanStd((), clip=reward_clip) if normalize_reward else None
+        observed = self.rows.reset(seed)
+        self.groups = self.rows.groups
+        self.lanes = [
+            _Lane(self.num_envs * g.num_agents, g.agents, o)
+            for g, o in zip(self.groups, observed, strict=True)
+        ]
+
+    @property
+    def spec(self) -> SpaceSpec:
+        """The spaces of the first (for single-agent envs, the only) group."""
+        return self.groups[0].spec
+
+    @property
+    def envs(self) -> Any:
+        """The underlying environment object (a Gymnasium vector env for single-agent)."""
+        return getattr(self.rows, "envs", self.rows)
+
+    def reset(self, seed: int) -> None:
+        """Start fresh episodes in every env (unfinished episodes are dropped)."""
+        for lane, observed in zip(self.lanes, self.rows.reset(seed), strict=True):
+            lane.observe(observed)
+            lane.clear()
+
+    def collect(
+        self,
+        policies: Policy | list[Policy],
+        rollouts: Rollout | list[Rollout],
+        train: bool = True,
+    ) -> EpisodeStats:
+        """Fill every row of every group's rollout; with ``train``, update the normalizers."""
+        policies = [policies] if isinstance(policies, Policy) else policies
+        rollouts = [rollouts] if isinstance(rollouts, Rollout) else rollouts
+        stats = EpisodeStats()
+        with torch.inference_mode():
+            for t in range(rollouts[0].num_steps):
+                actions = [
+                    self._act(lane, policy, rollout, t, train)
+                    for lane, policy, rollout in zip(self.lanes, policies, rollouts, strict=True)
+                ]
+                observed, steps = self.rows.step(actions)
+                for lane, rollout, step, after in zip(
+                    self.lanes, rollouts, steps, observed, strict=True
+                ):
+                    valid = rollout.valid[t].numpy()
+                    reward = np.where(valid, step.reward, 0.0)
+                    terminated = step.terminated & valid
+                    truncated = step.truncated & valid & ~terminated
+                    done = terminated | truncated
+                    self._track_episodes(lane, reward, valid, done, stats)
+                    rollout.rewards[t] = torch.from_numpy(
+                        self._scale(lane, reward, valid, done, train)
+                    )
+                    rollout.terminated[t] = torch.from_numpy(terminated.astype(np.float32))
+                    rollout.truncated[t] = torch.from_numpy(truncated.astype(np.float32))
+                    lane.resetting = done
+                    lane.observe(after)
+
+            for lane, policy, rollout in zip(self.lanes, policies, rollouts, strict=True):
+                x, critic_x = self._inputs(lane, policy, update=False)
+                rollout.last_value.copy_(policy.value(x, critic_x, lane.agent))
+        return stats
+
+    def _inputs(
+        self, lane: _Lane, policy: Policy, update: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        obs = torch.from_numpy(lane.obs)
+        critic_obs = torch.from_numpy(lane.critic_obs) if lane.critic_obs is not None else None
+        if update:
+            if policy.obs_normalizer is not None:
+                policy.obs_normalizer.update(obs)
+            if policy.critic_normalizer is not None and critic_obs is not None:
+                policy.critic_normalizer.update(critic_obs)
+        x = policy.normalize(obs)
+        critic_x = policy.normalize_critic(critic_obs) if critic_obs is not None else None
+        return x, critic_x
+
+    def _act(
+        self, lane: _Lane, policy: Policy, rollout: Rollout, t: int, train: bool
+    ) -> torch.Tensor:
+        x, critic_x = self._inputs(lane, policy, update=train)
+        mask = torch.from_numpy(lane.mask) if lane.mask is not None else None
+        actions, logprob, value = policy.step(x, mask, self.generator, critic_x, lane.agent)
+        valid = ~lane.resetting if lane.alive is None else ~lane.resetting & lane.alive
+        rollout.obs[t] = x
+        if rollout.critic_obs is not None and critic_x is not None:
+            rollout.critic_obs[t] = critic_x
+        rollout.actions[t] = actions
+        rollout.logprob[t] = logprob
+        rollout.values[t] = value
+        rollout.valid[t] = torch.from_numpy(valid)
+        if rollout.action_mask is not None and mask is not None:
+            rollout.action_mask[t] = mask
+        return actions
+
+    def _track_episodes(
+        self,
+        lane: _Lane,
+        reward: np.ndarray,
+        valid: np.ndarray,
+        done: np.ndarray,
+        stats: EpisodeStats,
+    ) -> None:
+        lane.episode_return += reward
+        lane.episode_length += valid
+        names = lane.agent_names
+        for row in np.flatnonzero(done):
+            stats.returns.append(float(lane.episode_return[row]))
+            stats.lengths.append(int(lane.episode_length[row]))
+            stats.agents.append(names[row % len(names)])
+        lane.episode_return[done] = 0.0
+        lane.episode_length[done] = 0
+
+    def _scale(
+        self, lane: _Lane, reward: np.ndarray, valid: np.ndarray, done: np.ndarray, train: bool
+    ) -> np.ndarray:
+        """Reward / std(discounted return) (Engstrom et al. 2020's reward scaling)."""
+        if self.reward_scaler is None:
+            return reward.astype(np.float32)
+        lane.discounted_return = lane.discounted_return * self.gamma + reward
+        if train:
+            self.reward_scaler.update(torch.from_numpy(lane.discounted_return[valid]))
+        lane.discounted_return[done] = 0.0
+        return self.reward_scaler.scale(torch.from_numpy(reward)).numpy().astype(np.float32)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "generator": self.generator.get_state(),
+            "reward_scaler": self.reward_scaler.state_dict() if self.reward_scaler else None,
+            "lanes": [lane.state_dict() for lane in self.lanes],
+        }
+
+    def load_state_dict(self, state: dict[str, Any], env_state: bytes | None = None) -> None:
+        """Restore the acting side. With ``env_state`` (captured mid-episode), the episodes
+        in flight continue exactly; without, the envs keep their fresh episodes."""
+        self.generator.set_state(state["generator"])
+        if self.reward_scaler is not None and state["reward_scaler"] is not None:
+            self.reward_scaler.load_state_dict(state["reward_scaler"])
+        if env_state is None:
+            return
+        self.rows.restore(env_state)
+        for lane, lane_state in zip(self.lanes, state["lanes"], strict=True):
+            lane.load_state_dict(lane_state)
+
+    def capture(self) -> bytes | None:
+        """The environments' state for exact resume (None where it cannot be captured)."""
+        return self.rows.capture()
 
     def close(self) -> None:
-        self.envs.close()
+        self.rows.close()

@@ -305,7 +305,7 @@ class Config:
             )
             _require(
                 self.eval_episodes > 0,
-                f"target_return needs eval_episodes > 0, got {self.eval_episodes}",
+                f"target_return needs eval_episodes > 0, got {self.eval_episodes} (set target_return to None to train without one)",
             )
         name, minibatches = (
             ("ppo.num_minibatches", self.ppo.num_minibatches)

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 from trustrl.config import ConfigError
+from trustrl.spaces import SpaceSpec
 
 NEXT_STEP = gym.vector.AutoresetMode.NEXT_STEP
 
@@ -201,3 +204,99 @@ def restore_envs(data: bytes) -> gym.vector.VectorEnv:
         if saved is not None:
             _set_mujoco_state(env, saved)
     return envs
+
+
+# Rows: every environment, single- or multi-agent, is presented to the collector as groups
+# of rows. A group is a set of agents sharing spaces (and so one policy); its rows are
+# (env, agent) pairs, agent index fastest. A Gymnasium vector env is one group of one agent.
+
+
+@dataclass(frozen=True)
+class AgentGroup:
+    name: str
+    agents: tuple[str, ...]
+    spec: SpaceSpec
+    critic_dim: int | None = None
+    """Width of the critic's global-state input; None: the critic reads the observation."""
+
+    @property
+    def num_agents(self) -> int:
+        return len(self.agents)
+
+
+@dataclass
+class GroupObs:
+    """What a group's rows observe before a step."""
+
+    obs: np.ndarray  # (rows, obs_dim) float32
+    mask: np.ndarray | None = None  # (rows, A) bool
+    critic_obs: np.ndarray | None = None  # (rows, critic_dim) float32
+    alive: np.ndarray | None = None  # (rows,) bool; None: every row's agent is acting
+
+
+@dataclass
+class GroupStep:
+    """What a step returned for a group's rows (NEXT_STEP autoreset semantics)."""
+
+    reward: np.ndarray  # (rows,)
+    terminated: np.ndarray  # (rows,) bool
+    truncated: np.ndarray  # (rows,) bool
+
+
+class RowEnv(Protocol):
+    num_envs: int
+
+    @property
+    def groups(self) -> list[AgentGroup]: ...
+    def reset(self, seed: int) -> list[GroupObs]: ...
+    def step(self, actions: list[torch.Tensor]) -> tuple[list[GroupObs], list[GroupStep]]: ...
+    def capture(self) -> bytes | None: ...
+    def restore(self, data: bytes) -> None: ...
+    def close(self) -> None: ...
+
+
+class GymRows:
+    """A Gymnasium vector env as one group with one row per env."""
+
+    def __init__(self, envs: gym.vector.VectorEnv) -> None:
+        self.envs = envs
+        self.num_envs = envs.num_envs
+        self._groups: list[AgentGroup] | None = None
+
+    @property
+    def groups(self) -> list[AgentGroup]:
+        if self._groups is None:
+            raise RuntimeError("reset the env first: masks are detected from the reset info")
+        return self._groups
+
+    @property
+    def spec(self) -> SpaceSpec:
+        return self.groups[0].spec
+
+    def reset(self, seed: int) -> list[GroupObs]:
+        raw, info = self.envs.reset(seed=seed)
+        if self._groups is None:
+            # The spaces say everything but whether the env hands out masks in its info.
+            spec = SpaceSpec.from_spaces(
+                self.envs.single_observation_space,
+                self.envs.single_action_space,
+                "action_mask" in info,
+            )
+            self._groups = [AgentGroup("", ("",), spec)]
+        obs, mask = self.spec.split(raw, info)
+        return [GroupObs(obs, mask)]
+
+    def step(self, actions: list[torch.Tensor]) -> tuple[list[GroupObs], list[GroupStep]]:
+        raw, reward, terminated, truncated, info = self.envs.step(self.spec.to_env(actions[0]))
+        obs, mask = self.spec.split(raw, info)
+        return [GroupObs(obs, mask)], [GroupStep(reward, terminated, truncated)]
+
+    def capture(self) -> bytes | None:
+        return capture_envs(self.envs)
+
+    def restore(self, data: bytes) -> None:
+        self.envs.close()
+        self.envs = restore_envs(data)
+
+    def close(self) -> None:
+        self.envs.close()

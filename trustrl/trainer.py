@@ -31,7 +31,7 @@ from trustrl.checkpoint import (
 )
 from trustrl.collect import Collector, EpisodeStats
 from trustrl.config import Config, config_from_dict, config_to_dict
-from trustrl.envs import capture_envs, make_vec_env, restore_envs
+from trustrl.envs import make_vec_env
 from trustrl.evaluate import EvalResult, evaluate
 from trustrl.logging import ProgressBar, ProgressFile, TensorBoardWriter, truncate_progress
 from trustrl.policy import Policy
@@ -126,7 +126,7 @@ class Trainer:
             self.policy,
             meta,
             self.training_state(),
-            capture_envs(self.collector.envs),
+            self.collector.capture(),
         )
         set_latest(checkpoints, name)
         prune(checkpoints, self.config.checkpoint_keep)
@@ -155,7 +155,7 @@ class Trainer:
         self.wall_time = meta["wall_time"]
         env_state = read_env_state(folder, meta)
         if env_state is not None:
-            self.collector.load_state_dict(state["collector"], restore_envs(env_state))
+            self.collector.load_state_dict(state["collector"], env_state)
             self.envs_restored = True
         else:
             # Not capturable (e.g. subprocess envs): fresh episodes, seeded apart from the
