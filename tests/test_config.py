@@ -106,6 +106,8 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("eval_every", -1, ("eval_every", "-1"), {}),
     ("target_return", math.inf, ("target_return", "inf"), {}),
     ("target_return", 100.0, ("target_return", "eval_episodes", "got 0"), {"eval_episodes": 0}),
+    ("multiagent.actor", "each", ("multiagent.actor", "shared, per_agent", "'each'"), {}),
+    ("multiagent.critic_input", "all", ("multiagent.critic_input", "global, local", "'all'"), {}),
 ]
 
 # Fields that take any value of their type (flags, free strings): nothing to refuse.
@@ -117,6 +119,8 @@ UNVALIDATED = {
     "ppo.anneal_clip",
     "ppo.norm_adv",
     "trpo.norm_adv",
+    "multiagent.agent_id",
+    "multiagent.value_norm",
     "run_dir",
     "quiet",
 }

@@ -24,7 +24,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from trustrl.policy import Policy
+
+if TYPE_CHECKING:
+    from trustrl.multiagent import MultiAgentPolicy
 
 FORMAT_VERSION = 1
 META = "meta.json"
@@ -108,7 +111,7 @@ def _write_file(path: Path, write: Any) -> None:
 
 def write_checkpoint(
     folder: Path,
-    policy: Policy,
+    policy: Policy | MultiAgentPolicy,
     meta: dict[str, Any],
     training_state: dict[str, Any],
     env_state: bytes | None = None,
@@ -247,7 +250,13 @@ def load_policy(path: str | Path) -> Policy:
     meta = read_meta(folder)
     description = meta.get("policy")
     try:
-        policy = Policy.from_description(description)  # type: ignore[arg-type]
+        policy: Any
+        if isinstance(description, dict) and "groups" in description:
+            from trustrl.multiagent import MultiAgentPolicy
+
+            policy = MultiAgentPolicy.from_description(description)
+        else:
+            policy = Policy.from_description(description)  # type: ignore[arg-type]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CheckpointError(
             f"{folder / META} does not describe a trustrl policy ({type(exc).__name__}: {exc})"

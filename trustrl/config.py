@@ -22,6 +22,8 @@ from typing import Any, Literal, get_args
 Activation = Literal["tanh", "relu"]
 Backend = Literal["auto", "sync", "async", "vector"]
 Algo = Literal["ppo", "trpo"]
+ActorMode = Literal["shared", "per_agent"]
+CriticInput = Literal["global", "local"]
 
 
 class ConfigError(ValueError):
@@ -244,11 +246,29 @@ class TRPOConfig:
 
 
 @dataclass(frozen=True)
+class MultiAgentConfig:
+    """Multi-agent (PettingZoo) settings; ignored for single-agent envs."""
+
+    actor: ActorMode = "shared"
+    """shared: one actor per group of agents with equal spaces; per_agent: one actor per agent (stacked weights, evaluated in one batched matmul)."""
+    agent_id: bool = True
+    """Append each agent's one-hot id to the critic's input, and to the actor's in shared mode."""
+    critic_input: CriticInput = "global"
+    """global (MAPPO): the env's state(), or all agents' observations concatenated; local (IPPO): the agent's own observation."""
+    value_norm: bool = False
+    """Normalize value targets with running statistics of the returns."""
+
+    def __post_init__(self) -> None:
+        _check_choice("multiagent.actor", self.actor, get_args(ActorMode))
+        _check_choice("multiagent.critic_input", self.critic_input, get_args(CriticInput))
+
+
+@dataclass(frozen=True)
 class Config:
     """One training run."""
 
     env_id: str = "CartPole-v1"
-    """A registered Gymnasium id, or package.module:callable returning a Gymnasium env."""
+    """A registered Gymnasium id, package.module:callable returning a Gymnasium env or a PettingZoo env, or family:name for PettingZoo families such as mpe2:simple_spread_v3."""
     algo: Algo = "ppo"
     """Algorithm; selects the update step."""
     seed: int = 1
@@ -276,6 +296,7 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     trpo: TRPOConfig = field(default_factory=TRPOConfig)
+    multiagent: MultiAgentConfig = field(default_factory=MultiAgentConfig)
 
     @property
     def batch_size(self) -> int:
@@ -325,6 +346,7 @@ SECTIONS: dict[str, type] = {
     "policy": PolicyConfig,
     "ppo": PPOConfig,
     "trpo": TRPOConfig,
+    "multiagent": MultiAgentConfig,
 }
 
 

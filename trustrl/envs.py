@@ -255,6 +255,18 @@ class RowEnv(Protocol):
     def close(self) -> None: ...
 
 
+def make_row_env(config: Any) -> RowEnv:
+    """The environment of a run as rows: PettingZoo ids become ParallelRows, everything
+    else a Gymnasium vector env (one group)."""
+    from trustrl.multiagent import ParallelRows, is_parallel_env_id, parallel_env_factory
+
+    kwargs = dict(config.env.kwargs)
+    if is_parallel_env_id(config.env_id, kwargs):
+        factory = parallel_env_factory(config.env_id, kwargs)
+        return ParallelRows(factory, config.env.num_envs, config.multiagent.critic_input)
+    return GymRows(make_vec_env(config.env_id, config.env.num_envs, config.env.backend, kwargs))
+
+
 class GymRows:
     """A Gymnasium vector env as one group with one row per env."""
 

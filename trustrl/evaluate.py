@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from trustrl.envs import env_factory
 from trustrl.policy import Policy
+
+if TYPE_CHECKING:
+    from trustrl.multiagent import MultiAgentPolicy
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class EvalResult:
 
 
 def evaluate(
-    policy: Policy,
+    policy: Policy | MultiAgentPolicy,
     env_id: str,
     episodes: int = 10,
     deterministic: bool = True,
@@ -45,6 +48,13 @@ def evaluate(
     """Mean and spread of the episode return over ``episodes`` seeded episodes."""
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
+    from trustrl.multiagent import MultiAgentPolicy, evaluate_parallel
+
+    if isinstance(policy, MultiAgentPolicy):
+        # The mean over agents of each agent's episode return, per episode.
+        return EvalResult(
+            *evaluate_parallel(policy, env_id, episodes, deterministic, seed, env_kwargs)
+        )
     env = env_factory(env_id, env_kwargs)()
     returns: list[float] = []
     lengths: list[int] = []

@@ -180,6 +180,16 @@ class Policy(nn.Module):
             return raw
         return raw * norm.var.sqrt().to(raw.dtype) + norm.mean.to(raw.dtype)
 
+    def value_targets(self, returns: Tensor, old_values: Tensor) -> tuple[Tensor, Tensor]:
+        """Returns and old values in the units of ``value_raw``; with value normalization
+        this first folds the returns into the running statistics."""
+        norm = self.value_normalizer
+        if norm is None:
+            return returns, old_values
+        norm.update(returns)
+        mean, std = norm.mean.to(returns.dtype), norm.var.sqrt().to(returns.dtype) + 1e-8
+        return (returns - mean) / std, (old_values - mean) / std
+
     def actor_parameters(self) -> list[nn.Parameter]:
         return [*self.actor.parameters(), *self.head.parameters()]  # type: ignore[attr-defined]
 

@@ -31,12 +31,12 @@ from trustrl.checkpoint import (
 )
 from trustrl.collect import Collector, EpisodeStats
 from trustrl.config import Config, config_from_dict, config_to_dict
-from trustrl.envs import make_vec_env
+from trustrl.envs import make_row_env
 from trustrl.evaluate import EvalResult, evaluate
 from trustrl.logging import ProgressBar, ProgressFile, TensorBoardWriter, truncate_progress
+from trustrl.multiagent import MultiAgentPolicy
 from trustrl.policy import Policy
 from trustrl.rollout import Rollout
-from trustrl.spaces import SpaceSpec
 from trustrl.updates import make_update
 
 
@@ -68,27 +68,51 @@ class Trainer:
         torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
 
-        envs = make_vec_env(
-            config.env_id, config.env.num_envs, config.env.backend, config.env.kwargs
-        )
         self.collector = Collector(
-            envs,
+            make_row_env(config),
             config.seed,
             gamma=config.rollout.gamma,
             normalize_reward=config.env.normalize_reward,
             reward_clip=config.env.reward_clip,
         )
-        spec: SpaceSpec = self.collector.spec
-        self.policy = Policy(spec, config.policy, config.env.normalize_obs, config.env.obs_clip)
-        self.update = make_update(config, self.policy)
-        self.rollout = Rollout(
-            config.rollout.num_steps,
-            config.env.num_envs,
-            spec.obs_dim,
-            spec.action_shape,
-            spec.action_dtype,
-            spec.mask_dim,
+        self.groups = self.collector.groups
+        ma = config.multiagent
+        self.policies = [
+            Policy(
+                group.spec,
+                config.policy,
+                config.env.normalize_obs,
+                config.env.obs_clip,
+                num_agents=group.num_agents,
+                per_agent=ma.actor == "per_agent" and group.num_agents > 1,
+                agent_id=ma.agent_id and group.num_agents > 1,
+                critic_dim=group.critic_dim,
+                value_norm=ma.value_norm,
+            )
+            for group in self.groups
+        ]
+        # One group (every single-agent env) is the Policy itself; several groups act
+        # together as one MultiAgentPolicy, which is what checkpoints and users see.
+        self.policy: Policy | MultiAgentPolicy = (
+            self.policies[0]
+            if len(self.groups) == 1 and self.groups[0].agents == ("",)
+            else MultiAgentPolicy(self.groups, self.policies)
         )
+        self.updates = [make_update(config, policy) for policy in self.policies]
+        self.rollouts = [
+            Rollout(
+                config.rollout.num_steps,
+                config.env.num_envs * group.num_agents,
+                group.spec.obs_dim,
+                group.spec.action_shape,
+                group.spec.action_dtype,
+                group.spec.mask_dim,
+                group.critic_dim,
+                group.num_agents,
+            )
+            for group in self.groups
+        ]
+        self.agent_names = [a for g in self.groups for a in g.agents if a]
         # After the envs: a bad env id or space leaves no empty run folder behind.
         check_writable(self.run_dir)
         self.iteration = 0
@@ -103,9 +127,13 @@ class Trainer:
 
     # State for checkpoints.
 
+    @property
+    def rollout(self) -> Rollout:
+        return self.rollouts[0]
+
     def training_state(self) -> dict[str, Any]:
         return {
-            "update": self.update.state_dict(),
+            "updates": [update.state_dict() for update in self.updates],
             "collector": self.collector.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "recent_returns": list(self.recent_returns),
@@ -147,7 +175,8 @@ class Trainer:
                 f"{', '.join(differs)}"
             )
         self.policy.load_state_dict(policy.state_dict())
-        self.update.load_state_dict(state["update"])
+        for update, update_state in zip(self.updates, state["updates"], strict=True):
+            update.load_state_dict(update_state)
         torch.set_rng_state(state["torch_rng"])
         self.recent_returns = list(state["recent_returns"])
         self.iteration = meta["iteration"]
@@ -166,7 +195,7 @@ class Trainer:
 
     # The loop.
 
-    def train(self, iterations: int | None = None) -> Policy:
+    def train(self, iterations: int | None = None) -> Policy | MultiAgentPolicy:
         """Train to the end of the run, or pause after ``iterations`` more iterations with a
         checkpoint (a later ``Trainer(config, run_dir, resume=True).train()`` continues)."""
         cfg = self.config
@@ -193,11 +222,10 @@ class Trainer:
                     self.save(f"iter_{self.iteration:08d}")
                     return self.policy
                 progress = self.iteration / cfg.num_iterations
-                episodes = self.collector.collect(self.policy, self.rollout)
-                self.rollout.compute_advantages(cfg.rollout.gamma, cfg.rollout.gae_lambda)
+                episodes = self.collector.collect(self.policies, self.rollouts)
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
-                    metrics = self.update(self.policy, self.rollout, progress)
+                    metrics = self._update(progress)
                 for warning in caught:
                     bar.print(f"[iteration {self.iteration + 1}] warning: {warning.message}")
                 self.iteration += 1
@@ -211,7 +239,7 @@ class Trainer:
                 row = {
                     "iteration": float(self.iteration),
                     "env_steps": float(self.env_steps),
-                    **episode_metrics(episodes),
+                    **episode_metrics(episodes, self.agent_names),
                     **metrics,
                     "eval_return_mean": evaluation.mean_return if evaluation else math.nan,
                     "sps": sps,
@@ -243,6 +271,21 @@ class Trainer:
                 self.eval_result = self.evaluate()
             (self.run_dir / "eval.json").write_text(_json(self.eval_result.to_json()))
         return self.policy
+
+    def _update(self, progress: float) -> dict[str, float]:
+        """Each group's update on its rollout; several groups' metrics are averaged, and
+        also kept per group under "<group>/<metric>"."""
+        cfg = self.config
+        results = []
+        for policy, update, rollout in zip(self.policies, self.updates, self.rollouts, strict=True):
+            rollout.compute_advantages(cfg.rollout.gamma, cfg.rollout.gae_lambda)
+            results.append(update(policy, rollout, progress))
+        if len(results) == 1:
+            return results[0]
+        merged = {key: float(np.nanmean([r[key] for r in results])) for key in results[0]}
+        for group, result in zip(self.groups, results, strict=True):
+            merged.update({f"{group.name}/{key}": value for key, value in result.items()})
+        return merged
 
     def evaluate(self) -> EvalResult:
         """Deterministic evaluation on held-out seeds, normalizer frozen."""
@@ -287,27 +330,28 @@ class _StopOnInterrupt:
             signal.signal(signal.SIGINT, self.previous)
 
 
-def episode_metrics(episodes: EpisodeStats) -> dict[str, float]:
-    """Statistics over the episodes that finished during the iteration (nan if none)."""
-    if not episodes.returns:
-        nan = math.nan
-        return {
-            "episode_return_mean": nan,
-            "episode_return_std": nan,
-            "episode_return_min": nan,
-            "episode_return_max": nan,
-            "episode_length_mean": nan,
-            "episodes": 0.0,
-        }
+def episode_metrics(episodes: EpisodeStats, agents: list[str] | None = None) -> dict[str, float]:
+    """Statistics over the episodes that finished during the iteration (nan if none).
+
+    For multi-agent envs an episode is one agent's: the statistics are over agents and
+    episodes, and each agent also gets "<agent>/episode_return".
+    """
+    nan = math.nan
     returns = np.asarray(episodes.returns)
-    return {
-        "episode_return_mean": float(returns.mean()),
-        "episode_return_std": float(returns.std()),
-        "episode_return_min": float(returns.min()),
-        "episode_return_max": float(returns.max()),
-        "episode_length_mean": float(np.mean(episodes.lengths)),
+    found = len(returns) > 0
+    metrics = {
+        "episode_return_mean": float(returns.mean()) if found else nan,
+        "episode_return_std": float(returns.std()) if found else nan,
+        "episode_return_min": float(returns.min()) if found else nan,
+        "episode_return_max": float(returns.max()) if found else nan,
+        "episode_length_mean": float(np.mean(episodes.lengths)) if found else nan,
         "episodes": float(len(returns)),
     }
+    names = np.asarray(episodes.agents)
+    for agent in agents or []:
+        mine = returns[names == agent] if found else returns
+        metrics[f"{agent}/episode_return"] = float(mine.mean()) if len(mine) else nan
+    return metrics
 
 
 def _json(data: dict[str, Any]) -> str:
@@ -316,6 +360,6 @@ def _json(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=1) + os.linesep
 
 
-def train(config: Config, run_dir: str | Path | None = None) -> Policy:
+def train(config: Config, run_dir: str | Path | None = None) -> Policy | MultiAgentPolicy:
     """Train a policy for ``config`` and return it (the run folder is written as by the CLI)."""
     return Trainer(config, run_dir).train()

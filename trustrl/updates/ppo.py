@@ -72,6 +72,7 @@ class PPOUpdate:
         clip_coef = cfg.clip_coef * (remaining if cfg.anneal_clip else 1.0)
 
         batch = rollout.flat()
+        batch.returns, batch.values = policy.value_targets(batch.returns, batch.values)
         size = len(batch)
         separate = cfg.separate_optimizers
         pi_epochs = cfg.update_epochs
@@ -112,7 +113,7 @@ class PPOUpdate:
                             float(clip_fraction(pi_terms["log_ratio"], clip_coef))
                         )
                 if fit_vf:
-                    new_values = policy.value(mb.obs)
+                    new_values = policy.value_raw(mb.obs, mb.critic_obs, mb.agent)
                     terms["value"] = value_loss(new_values, mb.values, mb.returns, cfg.vf_clip_coef)
                 if "policy" in terms or "value" in terms:
                     self._step(policy, terms, stats, skipped)
@@ -142,7 +143,7 @@ class PPOUpdate:
     def _policy_terms(
         self, policy: Policy, mb: Batch, clip_coef: float
     ) -> tuple[dict[str, Tensor], float]:
-        params = policy.dist_params(mb.obs, mb.action_mask)
+        params = policy.dist_params(mb.obs, mb.action_mask, mb.agent)
         logprob = policy.head.log_prob(params, mb.actions)
         advantages = normalize_advantages(mb.advantages) if self.config.norm_adv else mb.advantages
         loss, log_ratio = clipped_surrogate(logprob, mb.logprob, advantages, clip_coef)

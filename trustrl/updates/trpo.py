@@ -70,7 +70,12 @@ def backtracking_line_search(
 
 
 def fisher_vector_product(
-    policy: Policy, obs: Tensor, mask: Tensor | None, old_params: Tensor, damping: float
+    policy: Policy,
+    obs: Tensor,
+    mask: Tensor | None,
+    old_params: Tensor,
+    damping: float,
+    agent: Tensor | None = None,
 ) -> Callable[[Tensor], Tensor]:
     """v -> (F + damping I) v at the current actor, F the Hessian of mean KL(old || new).
 
@@ -80,7 +85,7 @@ def fisher_vector_product(
     params = policy.actor_parameters()
 
     def product(v: Tensor) -> Tensor:
-        kl = policy.head.kl(old_params, policy.dist_params(obs, mask)).mean()
+        kl = policy.head.kl(old_params, policy.dist_params(obs, mask, agent)).mean()
         grads = torch.autograd.grad(kl, params, create_graph=True)
         flat = torch.cat([g.reshape(-1) for g in grads])
         hv = torch.autograd.grad(torch.dot(flat, v), params)
@@ -107,6 +112,7 @@ class TRPOUpdate:
 
     def __call__(self, policy: Policy, rollout: Rollout, progress: float) -> dict[str, float]:
         batch = rollout.flat()
+        batch.returns, batch.values = policy.value_targets(batch.returns, batch.values)
         metrics = self.policy_step(policy, batch)
         metrics.update(self.fit_critic(policy, batch))
         metrics["explained_variance"] = explained_variance(batch.values, batch.returns)
@@ -118,11 +124,11 @@ class TRPOUpdate:
         params = policy.actor_parameters()
         advantages = normalize_advantages(batch.advantages) if cfg.norm_adv else batch.advantages
         with torch.no_grad():
-            old_params = policy.dist_params(batch.obs, batch.action_mask)
+            old_params = policy.dist_params(batch.obs, batch.action_mask, batch.agent)
             entropy = float(policy.head.entropy(old_params).mean())
 
         def surrogate() -> Tensor:
-            new_params = policy.dist_params(batch.obs, batch.action_mask)
+            new_params = policy.dist_params(batch.obs, batch.action_mask, batch.agent)
             ratio = torch.exp(policy.head.log_prob(new_params, batch.actions) - batch.logprob)
             return (ratio * advantages).mean()
 
@@ -132,7 +138,7 @@ class TRPOUpdate:
         base = objective.item()
 
         fvp = fisher_vector_product(
-            policy, batch.obs, batch.action_mask, old_params, cfg.cg_damping
+            policy, batch.obs, batch.action_mask, old_params, cfg.cg_damping, batch.agent
         )
         direction, residual = conjugate_gradient(fvp, g, cfg.cg_iters, cfg.cg_residual_tol)
         curvature = float(torch.dot(direction, fvp(direction)))
@@ -147,7 +153,7 @@ class TRPOUpdate:
         @torch.no_grad()
         def evaluate(candidate: Tensor) -> tuple[float, float]:
             vector_to_parameters(candidate, params)
-            new_params = policy.dist_params(batch.obs, batch.action_mask)
+            new_params = policy.dist_params(batch.obs, batch.action_mask, batch.agent)
             ratio = torch.exp(policy.head.log_prob(new_params, batch.actions) - batch.logprob)
             kl = policy.head.kl(old_params, new_params).mean()
             return float((ratio * advantages).mean()), float(kl)
@@ -192,9 +198,9 @@ class TRPOUpdate:
         for _ in range(cfg.train_vf_iters):
             losses = []
             for index in torch.randperm(size, generator=self.generator).split(minibatch_size):
-                loss = value_loss(
-                    policy.value(batch.obs[index]), batch.values[index], batch.returns[index]
-                )
+                mb = batch[index]
+                prediction = policy.value_raw(mb.obs, mb.critic_obs, mb.agent)
+                loss = value_loss(prediction, mb.values, mb.returns)
                 if not torch.isfinite(loss):
                     continue
                 self.vf_optimizer.zero_grad(set_to_none=True)
