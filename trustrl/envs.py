@@ -49,7 +49,12 @@ def _load_entry_point(env_id: str) -> Callable[..., Any]:
 def check_env_id(env_id: str) -> None:
     """Refuse an unknown id early, with the nearest registered names."""
     if is_entry_point(env_id):
-        _load_entry_point(env_id)
+        try:
+            _load_entry_point(env_id)
+        except ConfigError:
+            from trustrl.multiagent import parallel_env_factory
+
+            parallel_env_factory(env_id)  # a PettingZoo family:name, or the error stands
         return
     if env_id in gym.registry:
         return
