@@ -50,9 +50,9 @@ class StackedLinear(nn.Module):
         ).squeeze(-1)
 
 
-def linear_for(num_agents: int, in_features: int, out_features: int) -> nn.Module:
-    """nn.Linear shared by all agents, or one per agent (stacked) when num_agents > 1."""
-    if num_agents > 1:
+def linear_for(num_agents: int | None, in_features: int, out_features: int) -> nn.Module:
+    """nn.Linear shared by all agents (``num_agents`` None), or one per agent, stacked."""
+    if num_agents is not None:
         return StackedLinear(num_agents, in_features, out_features)
     return nn.Linear(in_features, out_features)
 
@@ -97,7 +97,7 @@ def _categorical_kl(old: Tensor, new: Tensor) -> Tensor:
 
 
 class CategoricalHead(nn.Module):
-    def __init__(self, in_features: int, n: int, num_agents: int = 1) -> None:
+    def __init__(self, in_features: int, n: int, num_agents: int | None = None) -> None:
         super().__init__()
         self.linear = linear_for(num_agents, in_features, n)
 
@@ -125,7 +125,9 @@ class CategoricalHead(nn.Module):
 class MultiCategoricalHead(nn.Module):
     """Independent categoricals, one per MultiDiscrete component; log-probs add."""
 
-    def __init__(self, in_features: int, nvec: tuple[int, ...], num_agents: int = 1) -> None:
+    def __init__(
+        self, in_features: int, nvec: tuple[int, ...], num_agents: int | None = None
+    ) -> None:
         super().__init__()
         self.nvec = list(nvec)
         self.linear = linear_for(num_agents, in_features, sum(nvec))
@@ -182,13 +184,13 @@ class DiagGaussianHead(nn.Module):
     """Gaussian with a learned, state-independent log standard deviation."""
 
     def __init__(
-        self, in_features: int, dim: int, log_std_init: float = 0.0, num_agents: int = 1
+        self, in_features: int, dim: int, log_std_init: float = 0.0, num_agents: int | None = None
     ) -> None:
         super().__init__()
         self.dim = dim
         self.linear = linear_for(num_agents, in_features, dim)
         # (dim,), or (A, dim) with one log-std per agent for per-agent actors.
-        shape = (num_agents, dim) if num_agents > 1 else (dim,)
+        shape = (num_agents, dim) if num_agents is not None else (dim,)
         self.log_std = nn.Parameter(torch.full(shape, float(log_std_init)))
 
     def forward(

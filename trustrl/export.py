@@ -139,6 +139,13 @@ def export_policy(
     folder = resolve_checkpoint(path)
     meta = read_meta(folder)
     policy = load_policy(folder)
+    if not isinstance(policy, Policy) or policy.per_agent or policy.agent_id:
+        # The actor of a multi-agent group reads the agent's index (or several groups'
+        # policies act together): that needs an agent input this export does not have.
+        raise ExportError(
+            f"{folder} holds a multi-agent policy; export supports single-agent policies "
+            "(one actor, no per-agent weights or agent ids)"
+        )
     target = Path(out) if out is not None else default_output(folder, fmt)
     if target.is_dir():
         target = target / f"policy{FORMATS[fmt]}"

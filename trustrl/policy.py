@@ -72,8 +72,9 @@ class StackedMLP(nn.Module):
 
 
 def make_head(
-    spec: SpaceSpec, in_features: int, config: PolicyConfig, num_agents: int = 1
+    spec: SpaceSpec, in_features: int, config: PolicyConfig, num_agents: int | None = None
 ) -> nn.Module:
+    """The action head; ``num_agents`` set: one output layer per agent, stacked."""
     if spec.action_kind == "discrete":
         return CategoricalHead(in_features, spec.nvec[0], num_agents)
     if spec.action_kind == "multidiscrete":
@@ -210,30 +211,38 @@ class Policy(nn.Module):
         actions = self.head.sample(params, generator)
         return actions, self.head.log_prob(params, actions), self.value(obs, critic_obs, agent)
 
-    def register_agent(self) -> list[tuple[nn.Parameter, int]]:
+    def register_agent(self) -> list[tuple[nn.Parameter, nn.Parameter, int]]:
         """Add one agent: a fresh actor of its own in per-agent mode, a new id column for
-        the actor and the critic when ids are appended.
+        the actor and the critic when ids are appended (zero weights: every existing
+        agent's outputs are unchanged).
 
-        Parameters grow in place (the same objects, so optimizers keep them); returns each
-        grown parameter with the dimension it grew along, for extending optimizer state.
+        Returns (old parameter, new parameter, dimension grown) for each replaced
+        parameter, for ``trustrl.updates.extend_optimizer_state``.
         """
-        grown: list[tuple[nn.Parameter, int]] = []
+        grown: list[tuple[nn.Parameter, nn.Parameter, int]] = []
+
+        def replace(name: str, value: Tensor, dim: int) -> None:
+            owner, _, leaf = name.rpartition(".")
+            module = self.get_submodule(owner)
+            old = getattr(module, leaf)
+            new = nn.Parameter(value)
+            setattr(module, leaf, new)
+            grown.append((old, new, dim))
+
         if self.per_agent:
             fresh = Policy(self.spec, self.config, num_agents=1, per_agent=True)
             fresh_params = dict(fresh.named_parameters())
-            for name, param in self.named_parameters():
+            for name, param in list(self.named_parameters()):
                 if name.startswith(("actor.", "head.")):
-                    param.data = torch.cat([param.data, fresh_params[name].detach()], 0)
-                    grown.append((param, 0))
+                    replace(name, torch.cat([param.detach(), fresh_params[name].detach()], 0), 0)
         if self.agent_id:
-            # A zero input column for the new id leaves every existing output unchanged.
-            critic_body: Any = self.critic[0]
-            actor_body: Any = self.actor
-            firsts = [critic_body[0]] if self.per_agent else [actor_body[0], critic_body[0]]
-            for layer in firsts:
-                weight = layer.weight
-                weight.data = torch.cat([weight.data, weight.data.new_zeros(len(weight), 1)], 1)
-                grown.append((weight, 1))
+            names = (
+                ["critic.0.0.weight"] if self.per_agent else ["actor.0.weight", "critic.0.0.weight"]
+            )
+            params = dict(self.named_parameters())
+            for name in names:
+                weight = params[name].detach()
+                replace(name, torch.cat([weight, weight.new_zeros(len(weight), 1)], 1), 1)
         self.num_agents += 1
         return grown
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import torch
+
 from trustrl.config import Config
 from trustrl.policy import Policy
 from trustrl.rollout import Rollout
@@ -13,6 +15,9 @@ class Update(Protocol):
     def __call__(self, policy: Policy, rollout: Rollout, progress: float) -> dict[str, float]: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def register_agent(
+        self, grown: list[tuple[torch.nn.Parameter, torch.nn.Parameter, int]]
+    ) -> None: ...
 
 
 def make_update(config: Config, policy: Policy) -> Update:
@@ -22,3 +27,27 @@ def make_update(config: Config, policy: Policy) -> Update:
 
     registry: dict[str, Any] = {"ppo": PPOUpdate, "trpo": TRPOUpdate}
     return registry[config.algo](policy, getattr(config, config.algo), seed=config.seed)
+
+
+def extend_optimizer_state(
+    optimizer: torch.optim.Optimizer,
+    grown: list[tuple[torch.nn.Parameter, torch.nn.Parameter, int]],
+) -> None:
+    """After ``Policy.register_agent`` replaced parameters with grown ones, point the
+    optimizer at the new ones and grow their state (Adam's moments) with zeros."""
+    for old, new, dim in grown:
+        for group in optimizer.param_groups:
+            group["params"] = [new if p is old else p for p in group["params"]]
+        state = optimizer.state.pop(old, None)
+        if not state:
+            continue
+        for key, value in state.items():
+            if (
+                isinstance(value, torch.Tensor)
+                and value.shape != new.shape
+                and value.dim() == new.dim()
+            ):
+                shape = list(value.shape)
+                shape[dim] = new.shape[dim] - value.shape[dim]
+                state[key] = torch.cat([value, value.new_zeros(shape)], dim)
+        optimizer.state[new] = state

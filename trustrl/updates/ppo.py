@@ -50,6 +50,13 @@ class PPOUpdate:
                 "all": torch.optim.Adam(policy.parameters(), lr=config.learning_rate, eps=1e-5)
             }
 
+    def register_agent(self, grown: list[tuple[nn.Parameter, nn.Parameter, int]]) -> None:
+        """Extend optimizer state for parameters that ``Policy.register_agent`` grew."""
+        from trustrl.updates import extend_optimizer_state
+
+        for optimizer in self.optimizers.values():
+            extend_optimizer_state(optimizer, grown)
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "optimizers": {k: opt.state_dict() for k, opt in self.optimizers.items()},

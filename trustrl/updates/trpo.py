@@ -100,6 +100,14 @@ class TRPOUpdate:
         self.generator = torch.Generator().manual_seed(seed)
         self.vf_optimizer = torch.optim.Adam(policy.critic_parameters(), lr=config.vf_lr, eps=1e-5)
 
+    def register_agent(
+        self, grown: list[tuple[torch.nn.Parameter, torch.nn.Parameter, int]]
+    ) -> None:
+        """Extend the critic optimizer's state for parameters ``Policy.register_agent`` grew."""
+        from trustrl.updates import extend_optimizer_state
+
+        extend_optimizer_state(self.vf_optimizer, grown)
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "optimizers": {"vf": self.vf_optimizer.state_dict()},
