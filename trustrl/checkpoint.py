@@ -165,21 +165,40 @@ def write_checkpoint(
     return folder
 
 
-def set_latest(checkpoints: Path, name: str) -> None:
-    pointer = checkpoints / "latest"
-    tmp = checkpoints / ".latest.tmp"
-    tmp.write_text(name + "\n")
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so that a crash leaves the old or the new file."""
+    tmp = path.parent / f".{path.name}.tmp"
+    tmp.write_text(text)
     with tmp.open("rb+") as handle:
         os.fsync(handle.fileno())
-    os.replace(tmp, pointer)
-    _fsync_dir(checkpoints)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def set_latest(checkpoints: Path, name: str) -> None:
+    write_atomic(checkpoints / "latest", name + "\n")
 
 
 def prune(checkpoints: Path, keep: int) -> None:
-    """Keep the newest ``keep`` iteration checkpoints (and always ``final``)."""
+    """Keep the newest ``keep`` iteration checkpoints (and always ``final``), and remove
+    temporary folders left by killed processes."""
     numbered = sorted(p for p in checkpoints.glob("iter_*") if p.is_dir())
     for old in numbered[:-keep] if keep > 0 else numbered:
         shutil.rmtree(old, ignore_errors=True)
+    for leftover in [*checkpoints.glob(".tmp-*"), *checkpoints.glob(".old-*")]:
+        pid = leftover.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -206,6 +225,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
             return candidate
     if (checkpoints / "final" / META).is_file():
         return checkpoints / "final"
+    # A kill between a checkpoint's rename and the pointer's update: the newest complete one.
+    numbered = sorted(p for p in checkpoints.glob("iter_*") if (p / META).is_file())
+    if numbered:
+        return numbered[-1]
     raise CheckpointError(f"no checkpoint found in {path} (expected {META} or checkpoints/latest)")
 
 
@@ -303,7 +326,9 @@ def read_env_state(folder: Path, meta: dict[str, Any]) -> bytes | None:
     record = meta.get("env_state")
     if not record:
         return None
-    path = folder / record["file"]
+    if not isinstance(record, dict) or record.get("file") != ENV_FILE:
+        raise CheckpointError(f"{folder / META} names an unexpected environment state file")
+    path = folder / ENV_FILE
     try:
         data = path.read_bytes()
     except OSError as exc:

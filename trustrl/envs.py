@@ -51,10 +51,13 @@ def check_env_id(env_id: str) -> None:
     if is_entry_point(env_id):
         try:
             _load_entry_point(env_id)
-        except ConfigError:
+        except ConfigError as original:
             from trustrl.multiagent import parallel_env_factory
 
-            parallel_env_factory(env_id)  # a PettingZoo family:name, or the error stands
+            try:
+                parallel_env_factory(env_id)  # a PettingZoo family:name?
+            except ConfigError:
+                raise original from None
         return
     if env_id in gym.registry:
         return

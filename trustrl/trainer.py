@@ -27,6 +27,7 @@ from trustrl.checkpoint import (
     prune,
     read_env_state,
     set_latest,
+    write_atomic,
     write_checkpoint,
 )
 from trustrl.collect import Collector, EpisodeStats
@@ -202,7 +203,7 @@ class Trainer:
         pause_at = cfg.num_iterations if iterations is None else self.iteration + iterations
         resumed = self.iteration > 0
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.toml").write_text(tomli_w.dumps(config_to_dict(cfg)))
+        write_atomic(self.run_dir / "config.toml", tomli_w.dumps(config_to_dict(cfg)))
         if resumed:
             truncate_progress(self.run_dir / "progress.csv", self.iteration)
         progress_file = ProgressFile(self.run_dir / "progress.csv", append=resumed)
