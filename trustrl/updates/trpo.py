@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from trustrl.config import TRPOConfig
 from trustrl.losses import explained_variance, normalize_advantages, value_loss
@@ -94,6 +94,17 @@ def fisher_vector_product(
     return product
 
 
+@torch.no_grad()
+def assign(params: list[torch.nn.Parameter], flat: Tensor) -> None:
+    """Copy a flat vector into the parameters (in place: they stay independent tensors,
+    unlike torch's vector_to_parameters, which makes them views of the vector)."""
+    offset = 0
+    for param in params:
+        count = param.numel()
+        param.copy_(flat[offset : offset + count].view_as(param))
+        offset += count
+
+
 class TRPOUpdate:
     def __init__(self, policy: Policy, config: TRPOConfig, seed: int = 0) -> None:
         self.config = config
@@ -160,7 +171,7 @@ class TRPOUpdate:
 
         @torch.no_grad()
         def evaluate(candidate: Tensor) -> tuple[float, float]:
-            vector_to_parameters(candidate, params)
+            assign(params, candidate)
             new_params = policy.dist_params(batch.obs, batch.action_mask, batch.agent)
             ratio = torch.exp(policy.head.log_prob(new_params, batch.actions) - batch.logprob)
             kl = policy.head.kl(old_params, new_params).mean()
@@ -179,7 +190,7 @@ class TRPOUpdate:
             )
         if accepted is None:
             # Restore the exact old weights (a copy, no arithmetic): bit-identical.
-            vector_to_parameters(theta, params)
+            assign(params, theta)
             new_objective, kl, step_norm, fraction = base, 0.0, 0.0, 0.0
         else:
             new_objective, kl = evaluate(accepted)
