@@ -1,0 +1,358 @@
+"""The benchmark cases: one settings dict per case, and the two translations of it.
+
+A case's ``settings`` are written once, in trustrl's vocabulary, and
+``trustrl_table`` / ``sb3_setup`` turn them into each library's own arguments, so
+the two sides cannot drift apart. This module imports nothing heavy: the runner
+reads it without torch, and each worker imports only the library it measures.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+# Case 6 is trustrl alone, tuned for speed on the numpy-vectorized CartPole. Change
+# these freely (the benchmark reports whatever they give); they must still solve
+# CartPole-v1 (deterministic evaluation >= 475 over 10 episodes).
+CASE6_SETTINGS: dict[str, Any] = {
+    "env_id": "CartPole-v1",
+    "algo": "ppo",
+    "backend": "vector",
+    "num_envs": 128,
+    "num_steps": 32,
+    "total_steps": 1_000_000,  # a budget: the run stops at the first solved evaluation
+    "gamma": 0.99,
+    "gae_lambda": 0.95,
+    "learning_rate": 2.5e-3,
+    "anneal_lr": False,
+    "clip_coef": 0.2,
+    "anneal_clip": False,
+    "update_epochs": 4,
+    "num_minibatches": 4,
+    "ent_coef": 0.0,
+}
+
+# Everything a case does not say (the usual PPO/TRPO defaults, the same on both sides).
+DEFAULTS: dict[str, Any] = {
+    "algo": "ppo",
+    "backend": "sync",
+    "gamma": 0.99,
+    "gae_lambda": 0.95,
+    "learning_rate": 2.5e-4,
+    "anneal_lr": False,
+    "clip_coef": 0.2,
+    "anneal_clip": False,
+    "update_epochs": 10,
+    "num_minibatches": 4,
+    "ent_coef": 0.0,
+    "vf_coef": 0.5,
+    "max_grad_norm": 0.5,
+    "hidden_sizes": (64, 64),
+    "activation": "tanh",
+    "ortho_init": True,
+    "normalize_obs": False,
+    "normalize_reward": False,
+    "obs_clip": 10.0,
+    "reward_clip": 10.0,
+    # TRPO only.
+    "max_kl": 0.01,
+    "cg_iters": 10,
+    "cg_damping": 0.1,
+    "line_search_steps": 10,
+    "line_search_shrink": 0.8,
+    "vf_lr": 1e-3,
+    "train_vf_iters": 5,
+}
+
+CASES: dict[int, dict[str, Any]] = {
+    1: {
+        "title": "PPO CartPole-v1, 4 sync envs, 100k steps",
+        "peer": "sb3",
+        "settings": {
+            "env_id": "CartPole-v1",
+            "num_envs": 4,
+            "num_steps": 128,
+            "update_epochs": 4,
+            "num_minibatches": 4,
+            "learning_rate": 2.5e-4,
+            "gamma": 0.99,
+            "gae_lambda": 0.95,
+            "clip_coef": 0.2,
+            "ent_coef": 0.01,
+            "vf_coef": 0.5,
+            "max_grad_norm": 0.5,
+            "total_steps": 100_000,
+        },
+        "quick_steps": 2_048,
+    },
+    2: {
+        "title": "PPO CartPole-v1 (trustrl preset), time until the last-20-episode mean >= 475",
+        "peer": "sb3",
+        "settings": {
+            "env_id": "CartPole-v1",
+            "num_envs": 8,
+            "num_steps": 32,
+            "update_epochs": 20,
+            "num_minibatches": 1,
+            "learning_rate": 1e-3,
+            "anneal_lr": True,
+            "gamma": 0.98,
+            "gae_lambda": 0.8,
+            "clip_coef": 0.2,
+            "anneal_clip": True,
+            "ent_coef": 0.0,
+            "total_steps": 100_000,
+        },
+        # Running mean of the last `window` finished training episodes, checked at the
+        # end of each rollout collection on both sides; the run stops once reached.
+        "threshold": {"window": 20, "return": 475.0},
+        "quick_steps": 2_560,
+    },
+    3: {
+        "title": "PPO Pendulum-v1, 4 sync envs, 1024 steps, 64 minibatches, 100k steps",
+        "peer": "sb3",
+        "settings": {
+            "env_id": "Pendulum-v1",
+            "num_envs": 4,
+            "num_steps": 1024,
+            "update_epochs": 10,
+            # rl-zoo's batch_size 64: 4 x 1024 / 64 = 64 minibatches.
+            "num_minibatches": 64,
+            "learning_rate": 1e-3,
+            "gamma": 0.9,
+            "gae_lambda": 0.95,
+            "clip_coef": 0.2,
+            "ent_coef": 0.0,
+            "total_steps": 100_000,
+        },
+        "eval_episodes": 10,
+        "quick_steps": 8_192,
+    },
+    4: {
+        "title": "PPO Hopper-v5, 1 env, 2048 steps, batch 64, obs+reward normalization, 50k steps",
+        "peer": "sb3",
+        "settings": {
+            "env_id": "Hopper-v5",
+            "num_envs": 1,
+            "num_steps": 2048,
+            "update_epochs": 10,
+            "num_minibatches": 32,
+            "learning_rate": 3e-4,
+            "gamma": 0.99,
+            "gae_lambda": 0.95,
+            "clip_coef": 0.2,
+            "ent_coef": 0.0,
+            "normalize_obs": True,
+            "normalize_reward": True,
+            "total_steps": 50_000,
+        },
+        "time_collection": True,
+        "quick_steps": 4_096,
+    },
+    5: {
+        "title": "TRPO CartPole-v1, 2 sync envs, 512 steps, 100k steps",
+        "peer": "sb3-contrib",
+        "settings": {
+            "env_id": "CartPole-v1",
+            "algo": "trpo",
+            "num_envs": 2,
+            "num_steps": 512,
+            "gamma": 0.99,
+            "gae_lambda": 0.98,
+            "vf_lr": 1e-3,
+            "train_vf_iters": 20,
+            # Critic minibatch 2 x 512 / 8 = 128 = sb3-contrib's batch_size.
+            "num_minibatches": 8,
+            "cg_damping": 1e-3,
+            "cg_iters": 10,
+            "max_kl": 0.01,
+            "total_steps": 100_000,
+        },
+        "quick_steps": 4_096,
+    },
+    6: {
+        "title": "trustrl alone at its best: PPO CartPole-v1 on the numpy-vectorized env",
+        "peer": None,
+        "settings": CASE6_SETTINGS,
+        "solve": {"return": 475.0, "episodes": 10},
+        "quick_steps": 65_536,
+    },
+}
+
+
+def settings(case_id: int, quick: bool = False) -> dict[str, Any]:
+    """The case's full settings (defaults filled in), the step budget rounded down to
+    whole iterations so both libraries run, and anneal over, the same number of them."""
+    case = CASES[case_id]
+    out = {**DEFAULTS, **copy.deepcopy(case["settings"])}
+    if quick:
+        out["total_steps"] = min(out["total_steps"], case["quick_steps"])
+    batch = out["num_envs"] * out["num_steps"]
+    out["total_steps"] = max(1, out["total_steps"] // batch) * batch
+    return out
+
+
+# The translations.
+
+
+def trustrl_table(s: dict[str, Any], seed: int, run_dir: str) -> dict[str, Any]:
+    """Settings -> a full trustrl config table (for trustrl.config.config_from_dict).
+
+    Built from scratch rather than through trustrl.resolve, so no preset leaks in.
+    """
+    table: dict[str, Any] = {
+        "env_id": s["env_id"],
+        "algo": s["algo"],
+        "seed": seed,
+        "total_steps": s["total_steps"],
+        "run_dir": run_dir,
+        "quiet": True,
+        "torch_threads": 1,
+        "eval_episodes": 0,
+        "target_return": None,
+        "env": {
+            "num_envs": s["num_envs"],
+            "backend": s["backend"],
+            "normalize_obs": s["normalize_obs"],
+            "normalize_reward": s["normalize_reward"],
+            "obs_clip": s["obs_clip"],
+            "reward_clip": s["reward_clip"],
+        },
+        "rollout": {
+            "num_steps": s["num_steps"],
+            "gamma": s["gamma"],
+            "gae_lambda": s["gae_lambda"],
+        },
+        "policy": {
+            "hidden_sizes": tuple(s["hidden_sizes"]),
+            "activation": s["activation"],
+            "ortho_init": s["ortho_init"],
+        },
+    }
+    if s["algo"] == "ppo":
+        table["ppo"] = {
+            "learning_rate": s["learning_rate"],
+            "anneal_lr": s["anneal_lr"],
+            "update_epochs": s["update_epochs"],
+            "num_minibatches": s["num_minibatches"],
+            "clip_coef": s["clip_coef"],
+            "anneal_clip": s["anneal_clip"],
+            "ent_coef": s["ent_coef"],
+            "vf_coef": s["vf_coef"],
+            "max_grad_norm": s["max_grad_norm"],
+        }
+    else:
+        table["trpo"] = {
+            "max_kl": s["max_kl"],
+            "cg_iters": s["cg_iters"],
+            "cg_damping": s["cg_damping"],
+            "line_search_steps": s["line_search_steps"],
+            "line_search_shrink": s["line_search_shrink"],
+            "vf_lr": s["vf_lr"],
+            "train_vf_iters": s["train_vf_iters"],
+            "minibatches": s["num_minibatches"],
+        }
+    # TOML/None hygiene: config_from_dict accepts None for optional fields.
+    return {k: v for k, v in table.items() if v is not None}
+
+
+class LinearSchedule:
+    """SB3 schedule matching trustrl's linear decay exactly.
+
+    trustrl scales by 1 - k/K at iteration k (0-based, before collecting it). SB3 calls
+    the schedule after collecting iteration k, with progress_remaining = 1 - (k+1)/K, so
+    adding one iteration's share (batch / total) gives the same value at every update.
+    """
+
+    def __init__(self, initial: float, anneal: bool, batch: int, total: int) -> None:
+        self.initial, self.anneal = initial, anneal
+        self.shift = batch / total
+
+    def __call__(self, progress_remaining: float) -> float:
+        if not self.anneal:
+            return self.initial
+        return self.initial * min(1.0, progress_remaining + self.shift)
+
+    def __repr__(self) -> str:
+        if not self.anneal:
+            return repr(self.initial)
+        return f"linear({self.initial:g} -> 0)"
+
+
+def sb3_setup(s: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Settings -> Stable-Baselines3 PPO / sb3-contrib TRPO constructor arguments.
+
+    Returns {"algo": "PPO" | "TRPO", "kwargs": {...}, "vec_normalize": {...} | None}; the
+    policy's activation is named ("tanh"), the worker turns it into nn.Tanh.
+    """
+    batch = s["num_envs"] * s["num_steps"]
+    minibatch = batch // s["num_minibatches"]
+    policy_kwargs = {
+        "net_arch": {"pi": list(s["hidden_sizes"]), "vf": list(s["hidden_sizes"])},
+        "activation_fn": s["activation"],
+        "ortho_init": s["ortho_init"],
+        "log_std_init": 0.0,
+    }
+    common = {
+        "n_steps": s["num_steps"],
+        "batch_size": minibatch,
+        "gamma": s["gamma"],
+        "gae_lambda": s["gae_lambda"],
+        "normalize_advantage": True,
+        "policy_kwargs": policy_kwargs,
+        "seed": seed,
+        "device": "cpu",
+        "verbose": 0,
+    }
+    if s["algo"] == "ppo":
+        kwargs = {
+            **common,
+            "n_epochs": s["update_epochs"],
+            "learning_rate": LinearSchedule(
+                s["learning_rate"], s["anneal_lr"], batch, s["total_steps"]
+            ),
+            "clip_range": LinearSchedule(s["clip_coef"], s["anneal_clip"], batch, s["total_steps"]),
+            "clip_range_vf": None,
+            "ent_coef": s["ent_coef"],
+            "vf_coef": s["vf_coef"],
+            "max_grad_norm": s["max_grad_norm"],
+            "target_kl": None,
+        }
+        algo = "PPO"
+    else:
+        kwargs = {
+            **common,
+            "learning_rate": s["vf_lr"],  # the critic's Adam step size
+            "n_critic_updates": s["train_vf_iters"],
+            "cg_max_steps": s["cg_iters"],
+            "cg_damping": s["cg_damping"],
+            "line_search_shrinking_factor": s["line_search_shrink"],
+            "line_search_max_iter": s["line_search_steps"],
+            "target_kl": s["max_kl"],
+        }
+        algo = "TRPO"
+    vec_normalize = None
+    if s["normalize_obs"] or s["normalize_reward"]:
+        vec_normalize = {
+            "norm_obs": s["normalize_obs"],
+            "norm_reward": s["normalize_reward"],
+            "clip_obs": s["obs_clip"],
+            "clip_reward": s["reward_clip"],
+            "gamma": s["gamma"],
+        }
+    return {"algo": algo, "kwargs": kwargs, "vec_normalize": vec_normalize}
+
+
+def describe_sb3(setup: dict[str, Any]) -> dict[str, Any]:
+    """A JSON-able view of sb3_setup's result (schedules by their repr)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        if isinstance(value, LinearSchedule):
+            return repr(value)
+        return value
+
+    return plain(setup)

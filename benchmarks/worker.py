@@ -1,0 +1,370 @@
+"""One benchmark run in a fresh process; prints one JSON line ``BENCH_RESULT {...}``.
+
+    python benchmarks/worker.py '{"case": 1, "side": "trustrl", "seed": 1, "quick": false}'
+
+side is "trustrl", "sb3" (Stable-Baselines3 PPO or sb3-contrib TRPO, as the case's
+algo says) or "ceiling" / "ceiling-sb3" (random actions through trustrl's vector env /
+through the SB3 env stack, no learning). Each side imports only its own library, so
+the peak resident memory (ru_maxrss, read at the end) is that library's.
+"""
+
+from __future__ import annotations
+
+import time
+
+PROCESS_START = time.monotonic()  # before any heavy import: case 6 measures from here
+
+import json  # noqa: E402
+import resource  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cases  # noqa: E402
+
+CEILING_SECONDS = 2.0  # measured stepping time of the env-only ceiling
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+class RecentReturns:
+    """Finished training episodes and the first time the mean of the last ``window``
+    reaches ``target`` (checked at the end of each rollout collection)."""
+
+    def __init__(self, threshold: dict[str, Any] | None, start: float) -> None:
+        self.threshold = threshold
+        self.start = start
+        self.returns: list[float] = []
+        self.reached_at: dict[str, float] | None = None
+
+    def end_of_rollout(self, env_steps: int) -> bool:
+        """True when the threshold was reached just now."""
+        if self.threshold is None or self.reached_at is not None:
+            return False
+        window = self.returns[-self.threshold["window"] :]
+        if len(window) == self.threshold["window"] and (
+            sum(window) / len(window) >= self.threshold["return"]
+        ):
+            self.reached_at = {
+                "wall_time": time.monotonic() - self.start,
+                "env_steps": env_steps,
+                "process_time": time.monotonic() - PROCESS_START,
+            }
+            return True
+        return False
+
+
+def deterministic_eval(act: Any, env_id: str, episodes: int, seed: int) -> dict[str, Any]:
+    """Mean return over seeded episodes (seed + 1_000_000 + i: trustrl's own scheme)."""
+    import gymnasium as gym
+
+    env = gym.make(env_id)
+    returns = []
+    for i in range(episodes):
+        obs, _ = env.reset(seed=seed + 1_000_000 + i)
+        total, done = 0.0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(act(obs))
+            total += float(reward)
+            done = bool(terminated or truncated)
+        returns.append(total)
+    env.close()
+    return {"mean_return": sum(returns) / len(returns), "returns": returns}
+
+
+# trustrl.
+
+
+def run_trustrl(job: dict[str, Any]) -> dict[str, Any]:
+    case = cases.CASES[job["case"]]
+    s = cases.settings(job["case"], job["quick"])
+    seed = job["seed"]
+    run_dir = tempfile.mkdtemp(prefix="trustrl-bench-")
+    try:
+        import trustrl
+        from trustrl.config import config_from_dict
+
+        Trainer = trustrl.Trainer  # trustrl imports torch lazily: do it before the clock
+
+        table = cases.trustrl_table(s, seed, run_dir)
+        solve = case.get("solve")
+        if solve:
+            table["eval_episodes"] = solve["episodes"]
+            table["target_return"] = solve["return"]
+        config = config_from_dict(table)
+        imported = time.monotonic()
+
+        build_start = time.monotonic()
+        trainer = Trainer(config)
+        recent = RecentReturns(case.get("threshold"), build_start)
+        timing: dict[str, Any] = {"collect_time": 0.0, "collect_steps": 0, "iterations": 0}
+        original_collect = trainer.collector.collect
+
+        class Reached(Exception):
+            pass
+
+        steps_per_collect = config.env.num_envs * config.rollout.num_steps
+
+        def collect(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            stats = original_collect(*args, **kwargs)
+            timing["collect_time"] += time.perf_counter() - t
+            timing["collect_steps"] += steps_per_collect
+            timing["iterations"] += 1
+            recent.returns.extend(stats.returns)
+            if recent.end_of_rollout(timing["collect_steps"]):
+                raise Reached
+            return stats
+
+        trainer.collector.collect = collect  # instance attribute: benchmark-only wrapping
+
+        solved: dict[str, Any] = {}
+        if solve:
+            original_evaluate = trainer.evaluate
+
+            def evaluate(*args: Any, **kwargs: Any) -> Any:
+                result = original_evaluate(*args, **kwargs)
+                if not solved and result.mean_return >= solve["return"]:
+                    now = time.monotonic()
+                    solved.update(
+                        process_time=now - PROCESS_START,
+                        wall_time=now - build_start,
+                        env_steps=timing["collect_steps"],
+                        eval_return=result.mean_return,
+                    )
+                return result
+
+            trainer.evaluate = evaluate
+
+        train_start = time.monotonic()
+        stopped_early = False
+        try:
+            trainer.train()
+        except Reached:
+            stopped_early = True
+        train_end = time.monotonic()
+        # The trainer's own count if the wrapper was bypassed (a changed collector API).
+        env_steps = timing["collect_steps"] or int(getattr(trainer, "env_steps", 0))
+
+        out: dict[str, Any] = {
+            "env_steps": env_steps,
+            "train_time": train_end - train_start,
+            "build_time": train_start - build_start,
+            "import_time": imported - PROCESS_START,
+            "sps": env_steps / (train_end - train_start),
+            "iterations": timing["iterations"],
+            "stopped_early": stopped_early,
+            "collect_wrapped": timing["iterations"] > 0,
+            "trustrl_module": trustrl.__file__,
+        }
+        if case.get("threshold"):
+            out["threshold"] = recent.reached_at
+        if case.get("time_collection") and timing["collect_time"] > 0:
+            out["collect_time"] = timing["collect_time"]
+            out["collect_sps"] = env_steps / timing["collect_time"]
+        if case.get("eval_episodes"):
+            policy = trainer.policy
+            out["eval"] = deterministic_eval(
+                lambda obs: policy.act(obs, deterministic=True),
+                s["env_id"],
+                case["eval_episodes"],
+                seed,
+            )
+        if solve:
+            out["solved"] = solved or None
+            out["process_time_total"] = train_end - PROCESS_START
+        return out
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+# Stable-Baselines3 / sb3-contrib.
+
+
+def run_sb3(job: dict[str, Any]) -> dict[str, Any]:
+    case = cases.CASES[job["case"]]
+    s = cases.settings(job["case"], job["quick"])
+    seed = job["seed"]
+    setup = cases.sb3_setup(s, seed)
+
+    import torch
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    Algo: Any
+    if setup["algo"] == "PPO":  # sb3-contrib only where it is the peer (peak RSS)
+        from stable_baselines3 import PPO as Algo
+    else:
+        from sb3_contrib import TRPO as Algo
+
+    # trustrl runs on one torch thread by default (config.torch_threads = 1); same here.
+    torch.set_num_threads(1)
+    imported = time.monotonic()
+
+    kwargs = dict(setup["kwargs"])
+    policy_kwargs = dict(kwargs.pop("policy_kwargs"))
+    policy_kwargs["activation_fn"] = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[
+        policy_kwargs["activation_fn"]
+    ]
+    if s["backend"] != "sync":
+        raise ValueError(f"the SB3 side runs DummyVecEnv (sync) only, not {s['backend']}")
+
+    build_start = time.monotonic()
+    env = make_vec_env(s["env_id"], n_envs=s["num_envs"], seed=seed, vec_env_cls=DummyVecEnv)
+    if setup["vec_normalize"]:
+        env = VecNormalize(env, **setup["vec_normalize"])
+    model = Algo("MlpPolicy", env, policy_kwargs=policy_kwargs, **kwargs)
+
+    recent = RecentReturns(case.get("threshold"), build_start)
+    timing = {"collect_time": 0.0, "iterations": 0}
+
+    class Episodes(BaseCallback):
+        """Reads Monitor's episode entries; stops training once the threshold is met."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.stop = False
+
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    recent.returns.append(float(info["episode"]["r"]))
+            return not self.stop
+
+        def _on_rollout_end(self) -> None:
+            if recent.end_of_rollout(self.model.num_timesteps):
+                self.stop = True
+
+    original_collect = model.collect_rollouts
+
+    def collect_rollouts(*args: Any, **kw: Any) -> Any:
+        t = time.perf_counter()
+        result = original_collect(*args, **kw)
+        timing["collect_time"] += time.perf_counter() - t
+        timing["iterations"] += 1
+        return result
+
+    # An instance attribute: benchmark-only wrapping.
+    model.collect_rollouts = collect_rollouts  # type: ignore[method-assign]
+
+    train_start = time.monotonic()
+    model.learn(total_timesteps=s["total_steps"], callback=Episodes())
+    train_end = time.monotonic()
+    env_steps = int(model.num_timesteps)
+    out: dict[str, Any] = {
+        "env_steps": env_steps,
+        "train_time": train_end - train_start,
+        "build_time": train_start - build_start,
+        "import_time": imported - PROCESS_START,
+        "sps": env_steps / (train_end - train_start),
+        "iterations": timing["iterations"],
+        "stopped_early": recent.reached_at is not None and env_steps < s["total_steps"],
+    }
+    if case.get("threshold"):
+        out["threshold"] = recent.reached_at
+    if case.get("time_collection"):
+        out["collect_time"] = timing["collect_time"]
+        out["collect_sps"] = env_steps / timing["collect_time"]
+    if case.get("eval_episodes"):
+        import numpy as np
+
+        vec_normalize = env if isinstance(env, VecNormalize) else None
+
+        def act(obs: Any) -> Any:
+            if vec_normalize is not None:
+                obs = vec_normalize.normalize_obs(obs)
+            action, _ = model.predict(np.asarray(obs), deterministic=True)
+            return action
+
+        out["eval"] = deterministic_eval(act, s["env_id"], case["eval_episodes"], seed)
+    env.close()
+    return out
+
+
+# The env-only ceiling.
+
+
+def _time_steps(step: Any, actions: list[Any], num_envs: int) -> dict[str, Any]:
+    for i in range(20):  # warm-up
+        step(actions[i % len(actions)])
+    steps, i = 0, 0
+    start = time.perf_counter()
+    while True:
+        for _ in range(50):
+            step(actions[i % len(actions)])
+            i += 1
+        steps += 50 * num_envs
+        elapsed = time.perf_counter() - start
+        if elapsed >= CEILING_SECONDS:
+            break
+    return {"env_steps": steps, "seconds": elapsed, "sps": steps / elapsed}
+
+
+def run_ceiling(job: dict[str, Any]) -> dict[str, Any]:
+    """Random actions (precomputed batches) through trustrl's own vector env."""
+    s = cases.settings(job["case"], job["quick"])
+    from trustrl.envs import make_vec_env
+
+    envs = make_vec_env(s["env_id"], s["num_envs"], s["backend"])
+    envs.reset(seed=job["seed"])
+    envs.action_space.seed(job["seed"])
+    actions = [envs.action_space.sample() for _ in range(1000)]
+    out = _time_steps(envs.step, actions, s["num_envs"])
+    out["env"] = type(envs).__name__
+    envs.close()
+    return out
+
+
+def run_ceiling_sb3(job: dict[str, Any]) -> dict[str, Any]:
+    """Random actions through the SB3 side's env stack (DummyVecEnv, Monitor, VecNormalize)."""
+    s = cases.settings(job["case"], job["quick"])
+    setup = cases.sb3_setup(s, job["seed"])
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    env = make_vec_env(s["env_id"], n_envs=s["num_envs"], seed=job["seed"], vec_env_cls=DummyVecEnv)
+    if setup["vec_normalize"]:
+        env = VecNormalize(env, **setup["vec_normalize"])
+    env.reset()
+    import numpy as np
+
+    space = env.action_space
+    space.seed(job["seed"])
+    actions = [np.stack([space.sample() for _ in range(s["num_envs"])]) for _ in range(1000)]
+
+    def step(action: Any) -> Any:
+        return env.step(action)
+
+    out = _time_steps(step, actions, s["num_envs"])
+    out["env"] = "DummyVecEnv" + ("+VecNormalize" if setup["vec_normalize"] else "")
+    env.close()
+    return out
+
+
+SIDES = {
+    "trustrl": run_trustrl,
+    "sb3": run_sb3,
+    "ceiling": run_ceiling,
+    "ceiling-sb3": run_ceiling_sb3,
+}
+
+
+def main() -> None:
+    job = json.loads(sys.argv[1])
+    result = SIDES[job["side"]](job)
+    result["peak_rss_mib"] = peak_rss_mib()
+    result["process_wall"] = time.monotonic() - PROCESS_START
+    if job.get("spawned_at") is not None:
+        # Interpreter start-up before this file's first line, seen from the runner.
+        result["startup_time"] = PROCESS_START - job["spawned_at"]
+    print("BENCH_RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
