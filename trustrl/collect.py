@@ -177,10 +177,13 @@ class Collector:
         obs = torch.from_numpy(lane.obs)
         critic_obs = torch.from_numpy(lane.critic_obs) if lane.critic_obs is not None else None
         if update:
+            # Rows of agents that finished while others play on repeat their final
+            # observation: keep them out of the statistics.
+            live = torch.from_numpy(lane.alive) if lane.alive is not None else None
             if policy.obs_normalizer is not None:
-                policy.obs_normalizer.update(obs)
+                policy.obs_normalizer.update(obs if live is None else obs[live])
             if policy.critic_normalizer is not None and critic_obs is not None:
-                policy.critic_normalizer.update(critic_obs)
+                policy.critic_normalizer.update(critic_obs if live is None else critic_obs[live])
         x = policy.normalize(obs)
         critic_x = policy.normalize_critic(critic_obs) if critic_obs is not None else None
         return x, critic_x

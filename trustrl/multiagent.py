@@ -359,7 +359,9 @@ def evaluate_parallel(
             totals = dict.fromkeys(env.possible_agents, 0.0)
             length = 0
             while env.agents:
-                actions = policy.act(observations, deterministic)
+                # Only agents still in the episode act (finished ones may still be in the
+                # observation dict of the step that ended them).
+                actions = policy.act({a: observations[a] for a in env.agents}, deterministic)
                 observations, rewards, _, _, _ = env.step(actions)
                 for agent, reward in rewards.items():
                     totals[agent] += float(reward)
