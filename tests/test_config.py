@@ -105,7 +105,7 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("checkpoint_keep", 0, ("checkpoint_keep", "got 0"), {}),
     ("eval_every", -1, ("eval_every", "-1"), {}),
     ("target_return", math.inf, ("target_return", "inf"), {}),
-    ("target_return", 100.0, ("target_return", "eval_episodes", "got 0"), {"eval_episodes": 0}),
+    ("target_return", float("nan"), ("target_return", "nan"), {}),
     ("multiagent.actor", "each", ("multiagent.actor", "shared, per_agent", "'each'"), {}),
     ("multiagent.critic_input", "all", ("multiagent.critic_input", "global, local", "'all'"), {}),
 ]

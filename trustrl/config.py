@@ -290,7 +290,7 @@ class Config:
     eval_every: int = 0
     """Also evaluate deterministically every this many iterations (0: only at the end)."""
     target_return: float | None = None
-    """Stop early once a deterministic evaluation reaches this mean return. Evaluations for it run when the mean of the last 20 training episodes reaches it too."""
+    """Stop early once a deterministic evaluation (of eval_episodes episodes; none when it is 0) reaches this mean return. Evaluations for it run when the mean of the last 20 training episodes reaches it too."""
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -323,10 +323,6 @@ class Config:
             _require(
                 _is_number(self.target_return),
                 f"target_return must be a finite number, got {self.target_return!r}",
-            )
-            _require(
-                self.eval_episodes > 0,
-                f"target_return needs eval_episodes > 0, got {self.eval_episodes} (set target_return to None to train without one)",
             )
         name, minibatches = (
             ("ppo.num_minibatches", self.ppo.num_minibatches)

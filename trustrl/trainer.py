@@ -302,9 +302,10 @@ class Trainer:
 
     def _periodic_eval(self, recent_mean: float | None) -> EvalResult | None:
         cfg = self.config
-        due = cfg.eval_every > 0 and self.iteration % cfg.eval_every == 0
+        due = cfg.eval_every > 0 and cfg.eval_episodes > 0 and self.iteration % cfg.eval_every == 0
         near = (
             cfg.target_return is not None
+            and cfg.eval_episodes > 0
             and recent_mean is not None
             and recent_mean >= cfg.target_return
         )
