@@ -305,3 +305,64 @@ def test_resume_with_other_network_settings_is_refused_clearly(tmp_path: Path, c
     changed = dataclasses.replace(config(iterations=2), **change)
     with pytest.raises(CheckpointError, match=r"hidden_sizes|normalize_obs"):
         Trainer(changed, tmp_path, resume=True)
+
+
+def test_unwritable_run_folder_is_refused_at_start(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(CheckpointError, match="not writable"):
+        Trainer(config(), blocker / "run")
+
+
+def test_full_disk_at_save_keeps_the_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import trustrl.checkpoint as checkpoint
+
+    trainer = Trainer(config(iterations=4, checkpoint_every=1), tmp_path)
+    trainer.train(iterations=2)
+    before = (tmp_path / "checkpoints" / "latest").read_text().strip()
+    assert before == "iter_00000002"
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint, "save_file", disk_full)
+    resumed = Trainer(config(iterations=4, checkpoint_every=1), tmp_path, resume=True)
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        resumed.train()
+    monkeypatch.undo()
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == before
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*")), "a half-written folder remains"
+    trustrl.Policy.load(tmp_path)  # the previous checkpoint still loads
+    assert load_checkpoint(tmp_path)[1]["iteration"] == 2
+
+
+def test_ctrl_c_checkpoints_and_prints_the_resume_command(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "trustrl.cli", "train", "CartPole-v1", "--quiet"]
+    command += ["--run-dir", str(run_dir), "--total-steps", "10000000", "--eval-episodes", "0"]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (run_dir / "progress.csv").exists() or not read_progress(run_dir / "progress.csv"):
+        assert process.poll() is None and time.monotonic() < deadline, "training did not start"
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 130, output
+    assert f"trustrl train --resume {run_dir}" in output
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    iteration = load_checkpoint(run_dir)[1]["iteration"]
+    assert latest == f"iter_{iteration:08d}"
+    assert len(read_progress(run_dir / "progress.csv")) == iteration
