@@ -72,7 +72,7 @@ def test_train_flags_override_the_preset(cli_run) -> None:
     assert config["run_dir"] == str(run_dir)
     # The CartPole preset where no flag overrides it.
     assert config["rollout"]["gamma"] == 0.98 and config["rollout"]["gae_lambda"] == 0.8
-    assert config["ppo"]["learning_rate"] == 1e-3 and config["ppo"]["anneal_clip"] is True
+    assert config["ppo"]["learning_rate"] == 2e-3 and config["ppo"]["anneal_clip"] is True
     assert config["ppo"]["num_minibatches"] == 1
     assert config["target_return"] == 475.0
     # Defaults where neither does.

@@ -252,7 +252,7 @@ def test_merge_order_defaults_preset_file_overrides(tmp_path: Path) -> None:
     assert preset["rollout"]["num_steps"] == 32 != RolloutConfig().num_steps
     assert preset["rollout"]["gamma"] == 0.98
     assert preset["ppo"]["update_epochs"] == 20
-    assert preset["ppo"]["learning_rate"] == 1e-3 != PPOConfig().learning_rate
+    assert preset["ppo"]["learning_rate"] == 2e-3 != PPOConfig().learning_rate
     assert "max_grad_norm" not in preset["ppo"]
 
     path = tmp_path / "run.toml"
@@ -269,7 +269,7 @@ def test_merge_order_defaults_preset_file_overrides(tmp_path: Path) -> None:
     assert config.env.backend == EnvConfig().backend  # default
     assert config.rollout.num_steps == 32  # preset over default
     assert config.rollout.gae_lambda == 0.8  # preset, untouched by the file's [rollout]
-    assert config.ppo.learning_rate == 1e-3  # preset, untouched by the file's [ppo]
+    assert config.ppo.learning_rate == 2e-3  # preset, untouched by the file's [ppo]
     assert config.total_steps == 50_000  # preset
     assert config.rollout.gamma == 0.97  # file over preset
     assert config.env.num_envs == 4  # file over preset
