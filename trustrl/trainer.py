@@ -128,10 +128,6 @@ class Trainer:
 
     # State for checkpoints.
 
-    @property
-    def rollout(self) -> Rollout:
-        return self.rollouts[0]
-
     def training_state(self) -> dict[str, Any]:
         return {
             "updates": [update.state_dict() for update in self.updates],
