@@ -18,9 +18,12 @@ is scored on the same episodes (``--episodes`` resets seeded ``--eval-seed + i``
   compute it from its own observation, which shows every position), and each agent takes
   the action that brings its position after next closest to its landmark (an action
   changes the velocity, which moves the agent from the following step on).
-* **trustrl**: the shipped preset (``trustrl/presets/ppo/mpe2_simple_spread_v3.toml``,
-  per-agent actors) with the critic reading the global state (MAPPO) or the agent's own
-  observation (IPPO); ``-shared`` variants use one actor for all agents (with the id).
+* **trustrl**: the shipped preset (``trustrl/presets/ppo/mpe2_simple_spread_v3.toml``, the
+  seed kernel's settings) overlaid with ``--config`` (default
+  ``benchmarks/simple_spread.toml``: the MAPPO paper's MPE settings, per-agent actors),
+  with the critic reading the global state (MAPPO) or the agent's own observation (IPPO);
+  ``-shared`` variants use one actor for all agents (with the id). ``--config ''`` runs
+  the kernel's settings alone.
   Each (variant, seed) trains in its own process; its learning curve (env steps vs the
   mean per-agent return of the training episodes, from ``progress.csv``), SPS and final
   scores (stochastic policy, as trained, and deterministic) are recorded.
@@ -148,6 +151,7 @@ def train_one(job: dict[str, Any]) -> dict[str, Any]:
     run_dir = Path(job["run_root"]) / f"{variant}__seed{seed}"
     config = trustrl.resolve(
         ENV_ID,
+        config_file=job["config"] or None,
         overrides={
             "total_steps": steps,
             "seed": seed,
@@ -324,6 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--algo-variants", default="mappo,ippo", help=f"comma-separated, of {', '.join(VARIANTS)}"
     )
+    parser.add_argument(
+        "--config",
+        default=str(ROOT / "benchmarks" / "simple_spread.toml"),
+        help="settings applied over the preset (TOML; '' for the preset alone)",
+    )
     parser.add_argument("--episodes", type=int, default=200, help="scoring episodes per policy")
     parser.add_argument("--eval-seed", type=int, default=10_000, help="seed of the first one")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once (processes)")
@@ -364,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                 "episodes": args.episodes,
                 "eval_seed": args.eval_seed,
                 "run_root": args.run_root,
+                "config": args.config,
             }
             for s in seeds
             for v in variants
@@ -400,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             "episodes": args.episodes,
             "eval_seed": args.eval_seed,
             "jobs": args.jobs,
+            "config": args.config,
         },
         "references": refs,
         "aggregate": aggregate(runs, refs, args.steps) if runs else {},
