@@ -21,6 +21,7 @@ import torch
 from tests import envs as E
 from trustrl.collect import Collector
 from trustrl.config import PolicyConfig
+from trustrl.inference import Inference
 from trustrl.policy import Policy
 from trustrl.rollout import Rollout
 
@@ -50,6 +51,15 @@ def make_rollout(collector: Collector, num_steps: int) -> Rollout:
 def known_value(obs: torch.Tensor, *_: object) -> torch.Tensor:
     """The critic for these tests: V([tag, episode, step]) = 0.5 + 2 episode + 0.25 step."""
     return 0.5 + 2.0 * obs[..., 1] + 0.25 * obs[..., 2]
+
+
+def use_known_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collector's critic (numpy inference, see trustrl/inference.py) -> known_value."""
+
+    def value(self: Inference, x: np.ndarray, *_: object) -> np.ndarray:
+        return known_value(torch.from_numpy(x)).numpy()
+
+    monkeypatch.setattr(Inference, "value", value)
 
 
 def known_value_np(obs: np.ndarray) -> float:
@@ -164,10 +174,12 @@ def small_policy(collector: Collector, **kwargs) -> Policy:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_autoreset_rows_flags_bootstrap_and_episodes(backend: str) -> None:
+def test_autoreset_rows_flags_bootstrap_and_episodes(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     collector = scripted_collector(backend)
     policy = small_policy(collector)
-    policy.value = known_value  # type: ignore[method-assign]
+    use_known_value(monkeypatch)
     total = sum(CHUNKS)
     expected = [expected_rows(s, tag, limit, total + 1) for s, tag, limit in SCRIPTS]
     try:
@@ -222,11 +234,13 @@ def test_autoreset_rows_flags_bootstrap_and_episodes(backend: str) -> None:
         collector.close()
 
 
-def test_truncation_bootstraps_from_final_observation_termination_does_not() -> None:
+def test_truncation_bootstraps_from_final_observation_termination_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The two endings spelled out with numbers, independent of the reference sweep."""
     collector = scripted_collector("sync")
     policy = small_policy(collector)
-    policy.value = known_value  # type: ignore[method-assign]
+    use_known_value(monkeypatch)
     rollout = make_rollout(collector, 5)
     try:
         collector.collect(policy, rollout)

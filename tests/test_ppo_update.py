@@ -73,8 +73,11 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def record_events(monkeypatch: pytest.MonkeyPatch, update: PPOUpdate) -> list[tuple[str, float]]:
-    """The sequence of KL measurements and optimizer steps, in the order they happen."""
+def record_events(
+    monkeypatch: pytest.MonkeyPatch, update: PPOUpdate, after: dict | None = None
+) -> list[tuple[str, float]]:
+    """The sequence of KL measurements and optimizer steps, in the order they happen;
+    ``after[key]()`` runs after each step of optimizer ``key``."""
     events: list[tuple[str, float]] = []
     measure = ppo_module.approx_kl
 
@@ -85,7 +88,14 @@ def record_events(monkeypatch: pytest.MonkeyPatch, update: PPOUpdate) -> list[tu
 
     monkeypatch.setattr(ppo_module, "approx_kl", recording_kl)
     for key, opt in update.optimizers.items():
-        opt.register_step_post_hook(lambda *_, key=key: events.append((f"step:{key}", 0.0)))
+
+        def step(original=opt.step, key=key) -> None:  # type: ignore[no-untyped-def]
+            original()
+            events.append((f"step:{key}", 0.0))
+            if after and key in after:
+                after[key]()
+
+        monkeypatch.setattr(opt, "step", step)
     return events
 
 
@@ -204,16 +214,14 @@ def test_critic_keeps_fitting_after_the_policy_stops(monkeypatch: pytest.MonkeyP
     policy = make_policy()
     rollout = make_rollout(policy)
     update = PPOUpdate(policy, separate_config())
-    events = record_events(monkeypatch, update)
-
     actor_after_vf_step: list[list[torch.Tensor]] = []
     critic_after_vf_step: list[list[torch.Tensor]] = []
 
-    def after_vf_step(*_) -> None:
+    def after_vf_step() -> None:
         actor_after_vf_step.append(snapshot(policy.actor_parameters()))
         critic_after_vf_step.append(snapshot(policy.critic_parameters()))
 
-    update.optimizers["vf"].register_step_post_hook(after_vf_step)
+    events = record_events(monkeypatch, update, after={"vf": after_vf_step})
     critic_before = snapshot(policy.critic_parameters())
     metrics = update(policy, rollout, progress=0.0)
 

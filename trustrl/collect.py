@@ -18,9 +18,9 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from trustrl.envs import GroupObs, GymRows, RowEnv
+from trustrl.inference import Inference, normalize
 from trustrl.normalize import RunningMeanStd
 from trustrl.policy import Policy
 from trustrl.rollout import Rollout
@@ -45,7 +45,7 @@ class _Lane:
 
     def __init__(self, rows: int, agents: tuple[str, ...], observed: GroupObs) -> None:
         self.agent_names = agents
-        self.agent = torch.arange(rows) % len(agents)  # (rows,) agent index of each row
+        self.agent = np.arange(rows) % len(agents)  # (rows,) agent index of each row
         self.discounted_return = np.zeros(rows)  # for reward scaling
         self.episode_return = np.zeros(rows)  # raw reward so far
         self.episode_length = np.zeros(rows, dtype=np.int64)
@@ -107,7 +107,7 @@ class Collector:
         self.rows: RowEnv = GymRows(envs) if isinstance(envs, gym.vector.VectorEnv) else envs
         self.num_envs = self.rows.num_envs
         self.gamma = gamma
-        self.generator = torch.Generator().manual_seed(seed)
+        self.rng = np.random.default_rng(seed)  # action sampling
         self.reward_scaler = RunningMeanStd((), clip=reward_clip) if normalize_reward else None
         observed = self.rows.reset(seed)
         self.groups = self.rows.groups
@@ -141,69 +141,80 @@ class Collector:
         """Fill every row of every group's rollout; with ``train``, update the normalizers."""
         policies = [policies] if isinstance(policies, Policy) else policies
         rollouts = [rollouts] if isinstance(rollouts, Rollout) else rollouts
+        # A weight snapshot per group (see inference.py) and numpy views of the rollouts'
+        # tensors: every per-step write below is a numpy write into the rollout's memory.
+        inferences = [Inference(policy) for policy in policies]
+        views = [rollout.numpy_views() for rollout in rollouts]
         stats = EpisodeStats()
-        with torch.inference_mode():
-            for t in range(rollouts[0].num_steps):
-                actions = [
-                    self._act(lane, policy, rollout, t, train)
-                    for lane, policy, rollout in zip(self.lanes, policies, rollouts, strict=True)
-                ]
-                observed, steps = self.rows.step(actions)
-                for lane, rollout, step, after in zip(
-                    self.lanes, rollouts, steps, observed, strict=True
-                ):
-                    valid = rollout.valid[t].numpy()
-                    reward = np.where(valid, step.reward, 0.0)
-                    terminated = step.terminated & valid
-                    truncated = step.truncated & valid & ~terminated
-                    done = terminated | truncated
-                    self._track_episodes(lane, reward, valid, done, stats)
-                    rollout.rewards[t] = torch.from_numpy(
-                        self._scale(lane, reward, valid, done, train)
-                    )
-                    rollout.terminated[t] = torch.from_numpy(terminated.astype(np.float32))
-                    rollout.truncated[t] = torch.from_numpy(truncated.astype(np.float32))
-                    lane.resetting = done
-                    lane.observe(after)
+        for t in range(rollouts[0].num_steps):
+            actions = [
+                self._act(lane, policy, inference, view, t, train)
+                for lane, policy, inference, view in zip(
+                    self.lanes, policies, inferences, views, strict=True
+                )
+            ]
+            observed, steps = self.rows.step(actions)
+            for lane, view, step, after in zip(self.lanes, views, steps, observed, strict=True):
+                valid = view["valid"][t]
+                reward = np.where(valid, step.reward, 0.0)
+                terminated = step.terminated & valid
+                truncated = step.truncated & valid & ~terminated
+                done = terminated | truncated
+                self._track_episodes(lane, reward, valid, done, stats)
+                view["rewards"][t] = self._scale(lane, reward, valid, done, train)
+                view["terminated"][t] = terminated
+                view["truncated"][t] = truncated
+                lane.resetting = done
+                lane.observe(after)
 
-            for lane, policy, rollout in zip(self.lanes, policies, rollouts, strict=True):
-                x, critic_x = self._inputs(lane, policy, update=False)
-                rollout.last_value.copy_(policy.value(x, critic_x, lane.agent))
+        for lane, policy, inference, rollout in zip(
+            self.lanes, policies, inferences, rollouts, strict=True
+        ):
+            x, critic_x = self._inputs(lane, policy, update=False)
+            rollout.last_value.numpy()[:] = inference.value(x, critic_x, lane.agent)
         return stats
 
     def _inputs(
         self, lane: _Lane, policy: Policy, update: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        obs = torch.from_numpy(lane.obs)
-        critic_obs = torch.from_numpy(lane.critic_obs) if lane.critic_obs is not None else None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         if update:
             # Rows of agents that finished while others play on repeat their final
             # observation: keep them out of the statistics.
-            live = torch.from_numpy(lane.alive) if lane.alive is not None else None
+            live = lane.alive
             if policy.obs_normalizer is not None:
-                policy.obs_normalizer.update(obs if live is None else obs[live])
-            if policy.critic_normalizer is not None and critic_obs is not None:
-                policy.critic_normalizer.update(critic_obs if live is None else critic_obs[live])
-        x = policy.normalize(obs)
-        critic_x = policy.normalize_critic(critic_obs) if critic_obs is not None else None
+                policy.obs_normalizer.update(lane.obs if live is None else lane.obs[live])
+            if policy.critic_normalizer is not None and lane.critic_obs is not None:
+                critic = lane.critic_obs
+                policy.critic_normalizer.update(critic if live is None else critic[live])
+        x = normalize(policy.obs_normalizer, lane.obs)
+        critic_x = (
+            normalize(policy.critic_normalizer, lane.critic_obs)
+            if lane.critic_obs is not None
+            else None
+        )
         return x, critic_x
 
     def _act(
-        self, lane: _Lane, policy: Policy, rollout: Rollout, t: int, train: bool
-    ) -> torch.Tensor:
+        self,
+        lane: _Lane,
+        policy: Policy,
+        inference: Inference,
+        view: dict[str, np.ndarray],
+        t: int,
+        train: bool,
+    ) -> np.ndarray:
         x, critic_x = self._inputs(lane, policy, update=train)
-        mask = torch.from_numpy(lane.mask) if lane.mask is not None else None
-        actions, logprob, value = policy.step(x, mask, self.generator, critic_x, lane.agent)
+        actions, logprob, value = inference.step(x, lane.mask, self.rng, critic_x, lane.agent)
         valid = ~lane.resetting if lane.alive is None else ~lane.resetting & lane.alive
-        rollout.obs[t] = x
-        if rollout.critic_obs is not None and critic_x is not None:
-            rollout.critic_obs[t] = critic_x
-        rollout.actions[t] = actions
-        rollout.logprob[t] = logprob
-        rollout.values[t] = value
-        rollout.valid[t] = torch.from_numpy(valid)
-        if rollout.action_mask is not None and mask is not None:
-            rollout.action_mask[t] = mask
+        view["obs"][t] = x
+        if "critic_obs" in view and critic_x is not None:
+            view["critic_obs"][t] = critic_x
+        view["actions"][t] = actions.reshape(view["actions"][t].shape)
+        view["logprob"][t] = logprob
+        view["values"][t] = value
+        view["valid"][t] = valid
+        if "action_mask" in view and lane.mask is not None:
+            view["action_mask"][t] = lane.mask
         return actions
 
     def _track_episodes(
@@ -228,17 +239,19 @@ class Collector:
         self, lane: _Lane, reward: np.ndarray, valid: np.ndarray, done: np.ndarray, train: bool
     ) -> np.ndarray:
         """Reward / std(discounted return) (Engstrom et al. 2020's reward scaling)."""
-        if self.reward_scaler is None:
-            return reward.astype(np.float32)
+        scaler = self.reward_scaler
+        if scaler is None:
+            return reward
         lane.discounted_return = lane.discounted_return * self.gamma + reward
         if train:
-            self.reward_scaler.update(torch.from_numpy(lane.discounted_return[valid]))
+            scaler.update(lane.discounted_return[valid])
         lane.discounted_return[done] = 0.0
-        return self.reward_scaler.scale(torch.from_numpy(reward)).numpy().astype(np.float32)
+        scale = 1.0 / np.sqrt(scaler.var.numpy() + scaler.epsilon)
+        return np.clip(reward * scale, -scaler.clip, scaler.clip)
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "generator": self.generator.get_state(),
+            "rng": self.rng.bit_generator.state,
             "reward_scaler": self.reward_scaler.state_dict() if self.reward_scaler else None,
             "lanes": [lane.state_dict() for lane in self.lanes],
         }
@@ -246,7 +259,7 @@ class Collector:
     def load_state_dict(self, state: dict[str, Any], env_state: bytes | None = None) -> None:
         """Restore the acting side. With ``env_state`` (captured mid-episode), the episodes
         in flight continue exactly; without, the envs keep their fresh episodes."""
-        self.generator.set_state(state["generator"])
+        self.rng.bit_generator.state = state["rng"]
         if self.reward_scaler is not None and state["reward_scaler"] is not None:
             self.reward_scaler.load_state_dict(state["reward_scaler"])
         if env_state is None:

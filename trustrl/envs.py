@@ -14,7 +14,6 @@ from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from trustrl.config import ConfigError
 from trustrl.spaces import SpaceSpec
@@ -257,7 +256,7 @@ class RowEnv(Protocol):
     @property
     def groups(self) -> list[AgentGroup]: ...
     def reset(self, seed: int) -> list[GroupObs]: ...
-    def step(self, actions: list[torch.Tensor]) -> tuple[list[GroupObs], list[GroupStep]]: ...
+    def step(self, actions: list[np.ndarray]) -> tuple[list[GroupObs], list[GroupStep]]: ...
     def capture(self) -> bytes | None: ...
     def restore(self, data: bytes) -> None: ...
     def close(self) -> None: ...
@@ -306,7 +305,7 @@ class GymRows:
         obs, mask = self.spec.split(raw, info)
         return [GroupObs(obs, mask)]
 
-    def step(self, actions: list[torch.Tensor]) -> tuple[list[GroupObs], list[GroupStep]]:
+    def step(self, actions: list[np.ndarray]) -> tuple[list[GroupObs], list[GroupStep]]:
         raw, reward, terminated, truncated, info = self.envs.step(self.spec.to_env(actions[0]))
         obs, mask = self.spec.split(raw, info)
         return [GroupObs(obs, mask)], [GroupStep(reward, terminated, truncated)]

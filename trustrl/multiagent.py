@@ -219,7 +219,7 @@ class ParallelRows:
         self._write(e, env, observations, infos)
         self.ended[e] = False
 
-    def step(self, actions: list[torch.Tensor]) -> tuple[list[GroupObs], list[GroupStep]]:
+    def step(self, actions: list[np.ndarray]) -> tuple[list[GroupObs], list[GroupStep]]:
         n = self.num_envs
         per_agent: dict[str, np.ndarray] = {}
         for group, group_actions in zip(self.groups, actions, strict=True):

@@ -9,6 +9,7 @@ inputs). The same class scales rewards by the spread of the discounted return.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -36,23 +37,25 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
 
-    @torch.no_grad()
-    def update(self, batch: Tensor) -> None:
-        """Fold in a batch of shape (B, *shape)."""
-        batch = batch.to(torch.float64).reshape(-1, *self.mean.shape)
+    def update(self, batch: Tensor | np.ndarray) -> None:
+        """Fold in a batch of shape (B, *shape).
+
+        In numpy on views of the buffers: the collector calls this every env step, on a
+        handful of rows, where a dozen torch ops would cost more than the rest of the step.
+        """
+        batch = np.asarray(batch, dtype=np.float64).reshape(-1, *self.mean.shape)
         n = batch.shape[0]
         if n == 0:
             return
+        mean, var, count = self.mean.numpy(), self.var.numpy(), self.count.numpy()
         batch_mean = batch.mean(0)
-        batch_var = batch.var(0, unbiased=False)
-        total = self.count + n
-        delta = batch_mean - self.mean
-        self.mean += delta * (n / total)
-        self.var.copy_(
-            (self.var * self.count + batch_var * n + delta.square() * (self.count * n / total))
-            / total
-        )
-        self.count.copy_(total)
+        batch_var = batch.var(0)
+        total = count + n
+        delta = batch_mean - mean
+        new_var = (var * count + batch_var * n + np.square(delta) * (count * n / total)) / total
+        mean += delta * (n / total)
+        var[...] = new_var
+        count[...] = total
 
     def forward(self, x: Tensor) -> Tensor:
         scale = torch.rsqrt(self.var.to(x.dtype) + self.epsilon)

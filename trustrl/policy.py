@@ -206,7 +206,8 @@ class Policy(nn.Module):
         critic_obs: Tensor | None = None,
         agent: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Collector inference on normalized obs: (actions, logprob, value)."""
+        """Sampling in torch on normalized obs: (actions, logprob, value). The collector acts
+        with the numpy equivalent (inference.py); this is the reference it is tested against."""
         params = self.dist_params(obs, mask, agent)
         actions = self.head.sample(params, generator)
         return actions, self.head.log_prob(params, actions), self.value(obs, critic_obs, agent)

@@ -17,6 +17,7 @@ stop the accumulation.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -84,6 +85,14 @@ class Rollout:
         self.advantages = torch.zeros((t, n))  # (T, N)
         self.returns = torch.zeros((t, n))  # (T, N)
 
+    def numpy_views(self) -> dict[str, np.ndarray]:
+        """Zero-copy numpy views of the tensors the collector writes, by attribute name."""
+        names = [
+            *("obs", "critic_obs", "actions", "logprob", "values", "rewards"),
+            *("terminated", "truncated", "valid", "action_mask"),
+        ]
+        return {n: getattr(self, n).numpy() for n in names if getattr(self, n) is not None}
+
     def compute_advantages(self, gamma: float, lam: float) -> None:
         next_values = torch.cat([self.values[1:], self.last_value[None]])
         self.advantages, self.returns = gae(
@@ -150,7 +159,9 @@ class Batch:
     def __len__(self) -> int:
         return self.obs.shape[0]
 
-    def __getitem__(self, index: Tensor) -> Batch:
+    def __getitem__(self, index: Tensor | slice) -> Batch:
+        """Rows by index tensor (a gather) or by slice (views, no copy)."""
+
         def pick(x: Tensor | None) -> Tensor | None:
             return x[index] if x is not None else None
 

@@ -113,13 +113,13 @@ class SpaceSpec:
         obs = np.asarray(raw, dtype=np.float32).reshape(len(raw), self.obs_dim)
         return obs, mask
 
-    def to_env(self, actions: torch.Tensor) -> np.ndarray:
+    def to_env(self, actions: np.ndarray | torch.Tensor) -> np.ndarray:
         """Sampled actions (B, *action_shape) -> what a vector env accepts.
 
         Box samples are clipped to the bounds here, on their way into the env only: the
         rollout keeps the unclipped sample, whose log-probability is the one trained on.
         """
-        array = actions.numpy()
+        array = np.asarray(actions)
         if self.action_kind == "box":
             array = np.clip(array, self._low_array, self._high_array)
             return array.reshape(len(array), *self.env_action_shape)

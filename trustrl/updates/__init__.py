@@ -7,6 +7,7 @@ from typing import Any, Protocol
 import torch
 
 from trustrl.config import Config
+from trustrl.optim import Adam
 from trustrl.policy import Policy
 from trustrl.rollout import Rollout
 
@@ -30,7 +31,7 @@ def make_update(config: Config, policy: Policy) -> Update:
 
 
 def extend_optimizer_state(
-    optimizer: torch.optim.Optimizer,
+    optimizer: Adam,
     grown: list[tuple[torch.nn.Parameter, torch.nn.Parameter, int]],
 ) -> None:
     """After ``Policy.register_agent`` replaced parameters with grown ones, point the

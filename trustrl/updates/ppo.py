@@ -25,6 +25,7 @@ from trustrl.losses import (
     normalize_advantages,
     value_loss,
 )
+from trustrl.optim import Adam, clip_grad_norm
 from trustrl.policy import Policy
 from trustrl.rollout import Batch, Rollout
 
@@ -33,7 +34,7 @@ class PPOUpdate:
     def __init__(self, policy: Policy, config: PPOConfig, seed: int = 0) -> None:
         self.config = config
         self.generator = torch.Generator().manual_seed(seed)
-        self.optimizers: dict[str, torch.optim.Optimizer]
+        self.optimizers: dict[str, Adam]
         self.base_lr: dict[str, float]
         # eps=1e-5 rather than Adam's 1e-8: the value of OpenAI baselines' PPO2, kept by
         # CleanRL; it damps steps on weights whose gradients are consistently tiny.
@@ -41,14 +42,12 @@ class PPOUpdate:
             assert config.pi_lr is not None and config.vf_lr is not None
             self.base_lr = {"pi": config.pi_lr, "vf": config.vf_lr}
             self.optimizers = {
-                "pi": torch.optim.Adam(policy.actor_parameters(), lr=config.pi_lr, eps=1e-5),
-                "vf": torch.optim.Adam(policy.critic_parameters(), lr=config.vf_lr, eps=1e-5),
+                "pi": Adam(policy.actor_parameters(), lr=config.pi_lr, eps=1e-5),
+                "vf": Adam(policy.critic_parameters(), lr=config.vf_lr, eps=1e-5),
             }
         else:
             self.base_lr = {"all": config.learning_rate}
-            self.optimizers = {
-                "all": torch.optim.Adam(policy.parameters(), lr=config.learning_rate, eps=1e-5)
-            }
+            self.optimizers = {"all": Adam(policy.parameters(), lr=config.learning_rate, eps=1e-5)}
 
     def register_agent(self, grown: list[tuple[nn.Parameter, nn.Parameter, int]]) -> None:
         """Extend optimizer state for parameters that ``Policy.register_agent`` grew."""
@@ -97,13 +96,14 @@ class PPOUpdate:
                 break
             stats: dict[str, list[float]] = {"pi": [], "vf": [], "kl": [], "entropy": []}
             epoch_stats.append(stats)
-            order = torch.randperm(size, generator=self.generator)
-            for index in order.split(minibatch_size):
+            # One gather per epoch; the minibatches are views (slices) of it.
+            shuffled = batch[torch.randperm(size, generator=self.generator)]
+            for start in range(0, size, minibatch_size):
                 fit_pi = epoch < pi_epochs and not pi_stopped
                 fit_vf = epoch < vf_epochs and (separate or not pi_stopped)
                 if not (fit_pi or fit_vf):
                     break
-                mb = batch[index]
+                mb = shuffled[start : start + minibatch_size]
                 terms: dict[str, Tensor] = {}
                 if fit_pi:
                     pi_terms, kl = self._policy_terms(policy, mb, clip_coef)
@@ -168,20 +168,20 @@ class PPOUpdate:
     ) -> None:
         """Backward and step, unless a term or the gradient is non-finite."""
         cfg = self.config
-        bad = [
-            name
-            for name in ("policy", "entropy", "value")
-            if name in terms and not torch.isfinite(terms[name])
-        ]
+        names = [name for name in ("policy", "entropy", "value") if name in terms]
+        # One synchronizing read for the finiteness checks and the logged values.
+        stacked = torch.stack([terms[n].detach() for n in names]).tolist()
+        values = dict(zip(names, stacked, strict=True))
+        bad = [name for name, value in values.items() if not math.isfinite(value)]
         for name in bad:
             skipped[name] = skipped.get(name, 0) + 1
         if bad:
             return
-        if "policy" in terms:
-            stats["pi"].append(terms["policy"].item())
-            stats["entropy"].append(terms["entropy"].item())
-        if "value" in terms:
-            stats["vf"].append(terms["value"].item())
+        if "policy" in values:
+            stats["pi"].append(values["policy"])
+            stats["entropy"].append(values["entropy"])
+        if "value" in values:
+            stats["vf"].append(values["value"])
 
         losses: list[tuple[str, Tensor, list[nn.Parameter]]] = []
         actor_loss = (
@@ -202,8 +202,8 @@ class PPOUpdate:
             opt = self.optimizers[key]
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            norm = nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            if not torch.isfinite(norm):
+            norm = clip_grad_norm(params, cfg.max_grad_norm)
+            if not math.isfinite(norm):
                 skipped["gradient"] = skipped.get("gradient", 0) + 1
                 opt.zero_grad(set_to_none=True)
                 continue

@@ -19,6 +19,7 @@ from torch.nn.utils import parameters_to_vector
 
 from trustrl.config import TRPOConfig
 from trustrl.losses import explained_variance, normalize_advantages, value_loss
+from trustrl.optim import Adam
 from trustrl.policy import Policy
 from trustrl.rollout import Batch, Rollout
 
@@ -109,7 +110,7 @@ class TRPOUpdate:
     def __init__(self, policy: Policy, config: TRPOConfig, seed: int = 0) -> None:
         self.config = config
         self.generator = torch.Generator().manual_seed(seed)
-        self.vf_optimizer = torch.optim.Adam(policy.critic_parameters(), lr=config.vf_lr, eps=1e-5)
+        self.vf_optimizer = Adam(policy.critic_parameters(), lr=config.vf_lr, eps=1e-5)
 
     def register_agent(
         self, grown: list[tuple[torch.nn.Parameter, torch.nn.Parameter, int]]

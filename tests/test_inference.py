@@ -1,0 +1,136 @@
+"""The collector's numpy inference (trustrl/inference.py) against the torch policy.
+
+The update recomputes log-probabilities and values in torch from what the collector
+stored, so the two paths must agree: same log-probabilities of the sampled actions,
+same values, same normalization, and samples drawn from the policy's distribution.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from trustrl.config import PolicyConfig
+from trustrl.inference import Inference, normalize
+from trustrl.policy import Policy
+from trustrl.spaces import SpaceSpec
+
+OBS_DIM = 6
+ROWS = 12
+AGENTS = 3
+
+SPACES = {
+    "discrete": gym.spaces.Discrete(5),
+    "multidiscrete": gym.spaces.MultiDiscrete([3, 2, 4]),
+    "box": gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
+}
+# name -> Policy keyword arguments
+LAYOUTS = {
+    "single": {},
+    "normalized": {"normalize_obs": True},
+    "shared_with_ids": {"num_agents": AGENTS, "agent_id": True},
+    "per_agent": {"num_agents": AGENTS, "per_agent": True},
+    "per_agent_global_critic": {
+        "num_agents": AGENTS,
+        "per_agent": True,
+        "agent_id": True,
+        "critic_dim": 10,
+        "value_norm": True,
+    },
+}
+
+
+def make(space: str, layout: str, activation: str = "tanh") -> Policy:
+    torch.manual_seed(0)
+    spec = SpaceSpec.from_spaces(
+        gym.spaces.Box(-5.0, 5.0, (OBS_DIM,), np.float32), SPACES[space], False
+    )
+    policy = Policy(
+        spec, PolicyConfig(hidden_sizes=(16, 8), activation=activation), **LAYOUTS[layout]
+    )
+    with torch.no_grad():  # weights and statistics away from their initial values
+        for p in policy.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+        for norm in (policy.obs_normalizer, policy.critic_normalizer, policy.value_normalizer):
+            if norm is not None:
+                norm.update(torch.randn(50, *norm.mean.shape, dtype=torch.float64) * 3 + 1)
+    return policy
+
+
+def inputs(policy: Policy, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(ROWS, OBS_DIM)).astype(np.float32)
+    critic = (
+        rng.normal(size=(ROWS, policy.critic_dim)).astype(np.float32) if policy.critic_dim else None
+    )
+    agent = np.arange(ROWS) % policy.num_agents
+    return x, critic, agent
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("space", SPACES)
+def test_log_probs_and_values_match_torch(space: str, layout: str, activation: str) -> None:
+    policy = make(space, layout, activation)
+    x, critic, agent = inputs(policy)
+    actions, logprob, value = Inference(policy).step(
+        x, None, np.random.default_rng(0), critic, agent
+    )
+    assert logprob.dtype == np.float32 and value.dtype == np.float32
+    t_agent = torch.from_numpy(agent)
+    t_critic = torch.from_numpy(critic) if critic is not None else None
+    with torch.no_grad():
+        params = policy.dist_params(torch.from_numpy(x), None, t_agent)
+        expected_lp = policy.head.log_prob(params, torch.from_numpy(actions))
+        expected_v = policy.value(torch.from_numpy(x), t_critic, t_agent)
+    np.testing.assert_allclose(logprob, expected_lp.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(value, expected_v.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_weights_are_a_snapshot() -> None:
+    """Weights are copied at construction: an update mid-collection cannot mix versions."""
+    policy = make("discrete", "single")
+    x, _, _ = inputs(policy)
+    inference = Inference(policy)
+    before = inference.value(x)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(1.0)
+    np.testing.assert_array_equal(inference.value(x), before)
+    assert not np.allclose(Inference(policy).value(x), before)
+
+
+def test_categorical_samples_follow_the_policy_and_respect_masks() -> None:
+    policy = make("discrete", "single")
+    x = np.repeat(inputs(policy)[0][:1], 40_000, axis=0)
+    mask = np.ones((len(x), 5), dtype=bool)
+    mask[:, 1] = False
+    actions, _, _ = Inference(policy).step(x, mask, np.random.default_rng(3))
+    with torch.no_grad():
+        masked = torch.from_numpy(mask[:1])
+        probs = policy.dist_params(torch.from_numpy(x[:1]), masked)[0].exp().double().numpy()
+    freq = np.bincount(actions, minlength=5) / len(actions)
+    assert freq[1] == 0.0
+    tolerance = 4 * np.sqrt(probs * (1 - probs) / len(actions)) + 1e-12
+    assert np.all(np.abs(freq - probs) <= tolerance), (freq, probs)
+
+
+def test_gaussian_samples_have_the_policy_mean_and_std() -> None:
+    policy = make("box", "single")
+    x = np.repeat(inputs(policy)[0][:1], 40_000, axis=0)
+    actions, _, _ = Inference(policy).step(x, None, np.random.default_rng(4))
+    with torch.no_grad():
+        params = policy.dist_params(torch.from_numpy(x[:1]))[0].numpy()
+    mean, std = params[:3], np.exp(params[3:])
+    np.testing.assert_allclose(actions.mean(0), mean, atol=4 * std.max() / np.sqrt(len(x)))
+    np.testing.assert_allclose(actions.std(0), std, rtol=0.02)
+
+
+def test_normalize_matches_the_module() -> None:
+    policy = make("discrete", "normalized")
+    x = np.random.default_rng(5).normal(size=(ROWS, OBS_DIM)).astype(np.float32) * 40
+    expected = policy.obs_normalizer(torch.from_numpy(x)).numpy()  # type: ignore[misc]
+    np.testing.assert_allclose(normalize(policy.obs_normalizer, x), expected, rtol=1e-6, atol=1e-6)
+    assert np.abs(expected).max() == policy.obs_normalizer.clip  # type: ignore[union-attr]

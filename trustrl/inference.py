@@ -1,0 +1,182 @@
+"""The collector's inference path: a Policy's forward pass in numpy, on a weight snapshot.
+
+Collection runs the networks on a handful of rows per env step (4 for the usual
+CartPole setting), where torch spends far longer dispatching each op (a few
+microseconds, some 15 ops per step) than computing it. The same arithmetic on numpy
+arrays costs about a microsecond per op, so this is the one path the collector acts
+with; the update keeps torch, for autograd. ``tests/test_inference.py`` checks that
+both give the same log-probabilities and values.
+
+A snapshot is taken by ``Inference(policy)`` (weights pre-transposed for ``x @ W``) and
+is what a remote runner holds between weight refreshes. The normalizers' statistics are
+read live, as numpy views of the policy's float64 buffers, because the collector updates
+them every step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from trustrl.distributions import (
+    MASKED_LOGIT,
+    CategoricalHead,
+    DiagGaussianHead,
+    MultiCategoricalHead,
+    StackedLinear,
+)
+from trustrl.normalize import RunningMeanStd
+from trustrl.policy import StackedMLP
+
+_LOG_SQRT_2PI = np.float32(0.5 * math.log(2 * math.pi))
+
+
+class _Linear:
+    """y = x @ W.T + b for one layer; a StackedLinear picks each row's agent's output."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        weight = layer.weight.detach().numpy()  # type: ignore[operator]
+        bias = layer.bias.detach().numpy()  # type: ignore[operator]
+        self.stacked = isinstance(layer, StackedLinear)
+        if self.stacked:
+            agents, out, inp = weight.shape
+            self.out = out
+            # (in, A * out): one matmul gives every agent's output for every row.
+            self.weight = weight.transpose(2, 0, 1).reshape(inp, agents * out).copy()
+            self.bias = bias.copy()  # (A, out)
+        else:
+            self.weight = weight.T.copy()  # (in, out), C order
+            self.bias = bias.copy()
+
+    def __call__(self, x: np.ndarray, agent: np.ndarray | None) -> np.ndarray:
+        y = x @ self.weight
+        if not self.stacked:
+            y += self.bias
+            return y
+        assert agent is not None
+        rows = np.arange(len(x))
+        return y.reshape(len(x), -1, self.out)[rows, agent] + self.bias[agent]
+
+
+def _mlp(module: nn.Module) -> list[_Linear]:
+    if isinstance(module, StackedMLP):
+        return [_Linear(layer) for layer in module.layers]
+    return [_Linear(layer) for layer in module.modules() if isinstance(layer, nn.Linear)]
+
+
+def _log_softmax(logits: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    if mask is not None:
+        logits = np.where(mask, logits, np.float32(MASKED_LOGIT))
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def _gumbel_argmax(log_probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """argmax(log p - log E), E ~ Exp(1): the Gumbel-max trick, as the torch heads sample."""
+    noise = rng.standard_exponential(log_probs.shape, dtype=np.float32)
+    return (log_probs - np.log(noise)).argmax(-1)
+
+
+def normalize(normalizer: RunningMeanStd | None, x: np.ndarray) -> np.ndarray:
+    """``RunningMeanStd.forward`` in numpy (float32, the same operations in the same order)."""
+    if normalizer is None:
+        return x
+    mean = normalizer.mean.numpy().astype(np.float32)
+    scale = 1.0 / np.sqrt(
+        normalizer.var.numpy().astype(np.float32) + np.float32(normalizer.epsilon)
+    )
+    return np.clip((x - mean) * scale, -normalizer.clip, normalizer.clip).astype(np.float32)
+
+
+class Inference:
+    """Sampling, log-probabilities and values of a Policy, in numpy (float32)."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+        self.activation = np.tanh if policy.config.activation == "tanh" else _relu
+        self.actor = _mlp(policy.actor)
+        self.head = _Linear(policy.head.linear)
+        self.critic = _mlp(policy.critic)
+        head = policy.head
+        if isinstance(head, DiagGaussianHead):
+            self.kind = "gaussian"
+            self.log_std = head.log_std.detach().numpy().copy()
+        elif isinstance(head, MultiCategoricalHead):
+            self.kind = "multi"
+            self.splits = np.cumsum(head.nvec)[:-1]
+        else:
+            assert isinstance(head, CategoricalHead)
+            self.kind = "categorical"
+
+    def _with_id(self, x: np.ndarray, agent: np.ndarray | None) -> np.ndarray:
+        if not self.policy.agent_id:
+            return x
+        assert agent is not None
+        one_hot = np.zeros((len(x), self.policy.num_agents), dtype=np.float32)
+        one_hot[np.arange(len(x)), agent] = 1.0
+        return np.concatenate([x, one_hot], -1)
+
+    def _features(self, layers: list[_Linear], x: np.ndarray, agent: np.ndarray | None):
+        for layer in layers:
+            x = self.activation(layer(x, agent))
+        return x
+
+    def step(
+        self,
+        x: np.ndarray,
+        mask: np.ndarray | None,
+        rng: np.random.Generator,
+        critic_x: np.ndarray | None = None,
+        agent: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Normalized observations (B, obs_dim) -> (actions, log-probabilities, values)."""
+        policy = self.policy
+        actor_in = x if policy.per_agent else self._with_id(x, agent)
+        out = self.head(self._features(self.actor, actor_in, agent), agent)
+        if self.kind == "categorical":
+            log_probs = _log_softmax(out, mask)
+            actions = _gumbel_argmax(log_probs, rng)
+            logprob = np.take_along_axis(log_probs, actions[:, None], -1)[:, 0]
+        elif self.kind == "multi":
+            masks = np.split(mask, self.splits, -1) if mask is not None else None
+            blocks = [
+                _log_softmax(block, masks[i] if masks is not None else None)
+                for i, block in enumerate(np.split(out, self.splits, -1))
+            ]
+            actions = np.stack([_gumbel_argmax(b, rng) for b in blocks], -1)
+            logprob = np.sum(
+                [
+                    np.take_along_axis(b, actions[:, i : i + 1], -1)[:, 0]
+                    for i, b in enumerate(blocks)
+                ],
+                axis=0,
+            )
+        else:
+            log_std = self.log_std[agent] if self.log_std.ndim == 2 else self.log_std
+            noise = rng.standard_normal(out.shape, dtype=np.float32)
+            actions = out + noise * np.exp(log_std)
+            z = (actions - out) * np.exp(-log_std)
+            logprob = (np.float32(-0.5) * z * z - log_std - _LOG_SQRT_2PI).sum(-1)
+        return actions, logprob.astype(np.float32), self.value(x, critic_x, agent)
+
+    def value(
+        self, x: np.ndarray, critic_x: np.ndarray | None = None, agent: np.ndarray | None = None
+    ) -> np.ndarray:
+        """``Policy.value``: the critic's output in return units."""
+        hidden = self._features(
+            self.critic[:-1], self._with_id(critic_x if critic_x is not None else x, agent), None
+        )
+        raw = self.critic[-1](hidden, None)[:, 0]
+        norm = self.policy.value_normalizer
+        if norm is None:
+            return raw
+        return raw * np.sqrt(norm.var.numpy()).astype(np.float32) + norm.mean.numpy().astype(
+            np.float32
+        )
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, np.float32(0.0), out=x)
