@@ -55,21 +55,51 @@ def evaluate(
         return EvalResult(
             *evaluate_parallel(policy, env_id, episodes, deterministic, seed, env_kwargs)
         )
-    env = env_factory(env_id, env_kwargs)()
-    returns: list[float] = []
-    lengths: list[int] = []
+    # Up to PARALLEL episodes at a time, one env each, so the policy runs once per step
+    # on a batch rather than once per env step; each episode keeps its own seed, so the
+    # results are those of running the episodes one after another.
+    returns: list[float] = [0.0] * episodes
+    lengths: list[int] = [0] * episodes
+    make = env_factory(env_id, env_kwargs)
+    envs = [make() for _ in range(min(episodes, PARALLEL))]
     try:
-        for episode in range(episodes):
-            obs, info = env.reset(seed=seed + episode)
-            total, length, done = 0.0, 0, False
-            while not done:
-                action = policy.act(obs, deterministic=deterministic, mask=info.get("action_mask"))
-                obs, reward, terminated, truncated, info = env.step(action)
-                total += float(reward)
-                length += 1
-                done = bool(terminated or truncated)
-            returns.append(total)
-            lengths.append(length)
+        for first in range(0, episodes, PARALLEL):
+            running = list(range(first, min(first + PARALLEL, episodes)))
+            slots = dict(zip(running, envs, strict=False))
+            current = {i: slots[i].reset(seed=seed + i) for i in running}
+            while running:
+                obs = [current[i][0] for i in running]
+                masks = [current[i][1].get("action_mask") for i in running]
+                actions = policy.act(
+                    _stack(obs), deterministic=deterministic, mask=_stack_masks(masks)
+                )
+                still = []
+                for i, action in zip(running, actions, strict=True):
+                    obs_i, reward, terminated, truncated, info = slots[i].step(action)
+                    returns[i] += float(reward)
+                    lengths[i] += 1
+                    current[i] = (obs_i, info)
+                    if not (terminated or truncated):
+                        still.append(i)
+                running = still
     finally:
-        env.close()
+        for env in envs:
+            env.close()
     return EvalResult(returns, lengths)
+
+
+PARALLEL = 16  # episodes evaluated at once
+
+
+def _stack(obs: list[Any]) -> Any:
+    if isinstance(obs[0], dict):
+        return {k: np.stack([np.asarray(o[k]) for o in obs]) for k in obs[0]}
+    return np.stack([np.asarray(o) for o in obs])
+
+
+def _stack_masks(masks: list[Any]) -> np.ndarray | None:
+    """The envs' info masks as one (B, A) array; None when no env hands one out."""
+    if all(m is None for m in masks):
+        return None
+    size = len(next(m for m in masks if m is not None))
+    return np.stack([np.ones(size, bool) if m is None else np.asarray(m, bool) for m in masks])

@@ -77,6 +77,8 @@ def _log_softmax(logits: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
 def _gumbel_argmax(log_probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """argmax(log p - log E), E ~ Exp(1): the Gumbel-max trick, as the torch heads sample."""
     noise = rng.standard_exponential(log_probs.shape, dtype=np.float32)
+    # A draw of exactly 0 would give +inf and win even over a masked action.
+    np.maximum(noise, np.finfo(np.float32).tiny, out=noise)
     return (log_probs - np.log(noise)).argmax(-1)
 
 

@@ -33,6 +33,7 @@ class Adam:
         ]
         # Per parameter: step (a float tensor, as torch keeps it), exp_avg, exp_avg_sq.
         self.state: dict[nn.Parameter, dict[str, Tensor]] = {}
+        self._counts: dict[nn.Parameter, int] = {}  # state[p]["step"] as an int
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -68,9 +69,13 @@ class Adam:
         torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
         torch._foreach_mul_(exp_avg_sqs, beta2)
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+        # Step counts mirrored as Python ints (reading the tensors would cost a sync each).
+        counts = self._counts
+        for p in params:
+            counts[p] = counts.get(p, 0) + 1
         # Parameters added later (register_agent) may be on another step count.
-        for count in sorted({float(s) for s in steps}):
-            idx = [i for i, s in enumerate(steps) if float(s) == count]
+        for count in sorted({counts[p] for p in params}):
+            idx = [i for i, p in enumerate(params) if counts[p] == count]
             bias_correction1 = 1 - beta1**count
             bias_correction2_sqrt = (1 - beta2**count) ** 0.5
             denom = torch._foreach_sqrt([exp_avg_sqs[i] for i in idx])
@@ -82,6 +87,23 @@ class Adam:
                 denom,
                 -lr / bias_correction1,
             )
+
+    def grow(self, grown: list[tuple[nn.Parameter, nn.Parameter, int]]) -> None:
+        """After ``Policy.register_agent`` replaced parameters with grown ones (old, new,
+        dimension grown), optimize the new ones, their moments extended with zeros."""
+        for old, new, dim in grown:
+            self.param_groups[0]["params"] = [new if p is old else p for p in self.params]
+            state = self.state.pop(old, None)
+            count = self._counts.pop(old, None)
+            if state is None or count is None:
+                continue
+            for key in ("exp_avg", "exp_avg_sq"):
+                value = state[key]
+                shape = list(value.shape)
+                shape[dim] = new.shape[dim] - value.shape[dim]
+                state[key] = torch.cat([value, value.new_zeros(shape)], dim)
+            self.state[new] = state
+            self._counts[new] = count
 
     def state_dict(self) -> dict[str, Any]:
         """torch.optim's layout: state by parameter index, groups with indices for params."""
@@ -106,6 +128,7 @@ class Adam:
             }
             for i, s in state["state"].items()
         }
+        self._counts = {p: int(s["step"]) for p, s in self.state.items()}
 
 
 @torch.no_grad()

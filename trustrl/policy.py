@@ -218,7 +218,7 @@ class Policy(nn.Module):
         agent's outputs are unchanged).
 
         Returns (old parameter, new parameter, dimension grown) for each replaced
-        parameter, for ``trustrl.updates.extend_optimizer_state``.
+        parameter, for ``trustrl.optim.Adam.grow``.
         """
         grown: list[tuple[nn.Parameter, nn.Parameter, int]] = []
 

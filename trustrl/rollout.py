@@ -40,12 +40,15 @@ def gae(
     # Bootstrap through time limits: a truncated state is not terminal (Pardo et al. 2018).
     deltas = rewards + gamma * next_values * (1.0 - terminated) - values
     carry = gamma * lam * (1.0 - terminated) * (1.0 - truncated)
-    advantages = torch.empty_like(rewards)
-    running = torch.zeros_like(rewards[0])
-    for t in range(rewards.shape[0] - 1, -1, -1):
-        running = deltas[t] + carry[t] * running
+    # The sweep in numpy: the same element-wise float arithmetic, at about a microsecond
+    # per step instead of torch's per-op dispatch (T steps of two ops each).
+    d, c = deltas.numpy(), carry.numpy()
+    advantages = np.empty_like(d)
+    running = np.zeros_like(d[0])
+    for t in range(len(d) - 1, -1, -1):
+        running = d[t] + c[t] * running
         advantages[t] = running
-    return advantages, advantages + values
+    return torch.from_numpy(advantages), torch.from_numpy(advantages) + values
 
 
 class Rollout:

@@ -7,7 +7,6 @@ from typing import Any, Protocol
 import torch
 
 from trustrl.config import Config
-from trustrl.optim import Adam
 from trustrl.policy import Policy
 from trustrl.rollout import Rollout
 
@@ -28,27 +27,3 @@ def make_update(config: Config, policy: Policy) -> Update:
 
     registry: dict[str, Any] = {"ppo": PPOUpdate, "trpo": TRPOUpdate}
     return registry[config.algo](policy, getattr(config, config.algo), seed=config.seed)
-
-
-def extend_optimizer_state(
-    optimizer: Adam,
-    grown: list[tuple[torch.nn.Parameter, torch.nn.Parameter, int]],
-) -> None:
-    """After ``Policy.register_agent`` replaced parameters with grown ones, point the
-    optimizer at the new ones and grow their state (Adam's moments) with zeros."""
-    for old, new, dim in grown:
-        for group in optimizer.param_groups:
-            group["params"] = [new if p is old else p for p in group["params"]]
-        state = optimizer.state.pop(old, None)
-        if not state:
-            continue
-        for key, value in state.items():
-            if (
-                isinstance(value, torch.Tensor)
-                and value.shape != new.shape
-                and value.dim() == new.dim()
-            ):
-                shape = list(value.shape)
-                shape[dim] = new.shape[dim] - value.shape[dim]
-                state[key] = torch.cat([value, value.new_zeros(shape)], dim)
-        optimizer.state[new] = state

@@ -51,10 +51,8 @@ class PPOUpdate:
 
     def register_agent(self, grown: list[tuple[nn.Parameter, nn.Parameter, int]]) -> None:
         """Extend optimizer state for parameters that ``Policy.register_agent`` grew."""
-        from trustrl.updates import extend_optimizer_state
-
         for optimizer in self.optimizers.values():
-            extend_optimizer_state(optimizer, grown)
+            optimizer.grow(grown)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -183,26 +181,26 @@ class PPOUpdate:
         if "value" in values:
             stats["vf"].append(values["value"])
 
-        losses: list[tuple[str, Tensor, list[nn.Parameter]]] = []
+        losses: list[tuple[str, Tensor]] = []
         actor_loss = (
             terms["policy"] - cfg.ent_coef * terms["entropy"] if "policy" in terms else None
         )
         if cfg.separate_optimizers:
             if actor_loss is not None:
-                losses.append(("pi", actor_loss, policy.actor_parameters()))
+                losses.append(("pi", actor_loss))
             if "value" in terms:
-                losses.append(("vf", terms["value"], policy.critic_parameters()))
+                losses.append(("vf", terms["value"]))
         else:
             total = cfg.vf_coef * terms["value"]
             if actor_loss is not None:
                 total = total + actor_loss
-            losses.append(("all", total, list(policy.parameters())))
+            losses.append(("all", total))
 
-        for key, loss, params in losses:
+        for key, loss in losses:
             opt = self.optimizers[key]
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            norm = clip_grad_norm(params, cfg.max_grad_norm)
+            norm = clip_grad_norm(opt.params, cfg.max_grad_norm)
             if not math.isfinite(norm):
                 skipped["gradient"] = skipped.get("gradient", 0) + 1
                 opt.zero_grad(set_to_none=True)

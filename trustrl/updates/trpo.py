@@ -116,9 +116,7 @@ class TRPOUpdate:
         self, grown: list[tuple[torch.nn.Parameter, torch.nn.Parameter, int]]
     ) -> None:
         """Extend the critic optimizer's state for parameters ``Policy.register_agent`` grew."""
-        from trustrl.updates import extend_optimizer_state
-
-        extend_optimizer_state(self.vf_optimizer, grown)
+        self.vf_optimizer.grow(grown)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -217,16 +215,19 @@ class TRPOUpdate:
         epoch_losses: list[float] = []
         for _ in range(cfg.train_vf_iters):
             losses = []
-            for index in torch.randperm(size, generator=self.generator).split(minibatch_size):
-                mb = batch[index]
+            # One gather per epoch; the minibatches are views (slices) of it.
+            shuffled = batch[torch.randperm(size, generator=self.generator)]
+            for start in range(0, size, minibatch_size):
+                mb = shuffled[start : start + minibatch_size]
                 prediction = policy.value_raw(mb.obs, mb.critic_obs, mb.agent)
                 loss = value_loss(prediction, mb.values, mb.returns)
-                if not torch.isfinite(loss):
+                value = loss.item()
+                if not math.isfinite(value):
                     continue
                 self.vf_optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 self.vf_optimizer.step()
-                losses.append(loss.item())
+                losses.append(value)
             if losses:
                 epoch_losses.append(sum(losses) / len(losses))
         if not epoch_losses:
