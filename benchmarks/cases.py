@@ -54,6 +54,8 @@ DEFAULTS: dict[str, Any] = {
     "normalize_reward": False,
     "obs_clip": 10.0,
     "reward_clip": 10.0,
+    # trustrl only (SB3's worker sets torch.set_num_threads(1) itself).
+    "torch_threads": 1,
     # TRPO only.
     "max_kl": 0.01,
     "cg_iters": 10,
@@ -207,7 +209,7 @@ def trustrl_table(s: dict[str, Any], seed: int, run_dir: str) -> dict[str, Any]:
         "total_steps": s["total_steps"],
         "run_dir": run_dir,
         "quiet": True,
-        "torch_threads": 1,
+        "torch_threads": s["torch_threads"],
         "eval_episodes": 0,
         "target_return": None,
         "env": {

@@ -141,7 +141,7 @@ class Inference:
         if self.kind == "categorical":
             log_probs = _log_softmax(out, mask)
             actions = _gumbel_argmax(log_probs, rng)
-            logprob = np.take_along_axis(log_probs, actions[:, None], -1)[:, 0]
+            logprob = log_probs[np.arange(len(actions)), actions]
         elif self.kind == "multi":
             masks = np.split(mask, self.splits, -1) if mask is not None else None
             blocks = [
@@ -149,13 +149,8 @@ class Inference:
                 for i, block in enumerate(np.split(out, self.splits, -1))
             ]
             actions = np.stack([_gumbel_argmax(b, rng) for b in blocks], -1)
-            logprob = np.sum(
-                [
-                    np.take_along_axis(b, actions[:, i : i + 1], -1)[:, 0]
-                    for i, b in enumerate(blocks)
-                ],
-                axis=0,
-            )
+            rows = np.arange(len(actions))
+            logprob = np.sum([b[rows, actions[:, i]] for i, b in enumerate(blocks)], axis=0)
         else:
             log_std = self.log_std[agent] if self.log_std.ndim == 2 else self.log_std
             noise = rng.standard_normal(out.shape, dtype=np.float32)
