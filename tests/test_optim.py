@@ -54,14 +54,41 @@ def test_state_dict_round_trip_and_torch_layout() -> None:
     assert again.param_groups[0]["lr"] == 1e-3
 
 
-def test_parameters_without_gradient_are_left_alone() -> None:
+def test_parameters_become_views_of_one_buffer() -> None:
     model = _model(2)
-    opt = Adam(model.parameters(), lr=1e-2)
     before = [p.detach().clone() for p in model.parameters()]
+    opt = Adam(model.parameters(), lr=1e-2)
+    for p, value in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p, value)  # values kept
+        assert p.untyped_storage().data_ptr() == opt.flat.untyped_storage().data_ptr()
+    # A parameter without a gradient is stepped with a zero one (documented difference
+    # from torch.optim.Adam, which skips it): its first step leaves it unchanged.
     model[2].weight.grad = torch.ones_like(model[2].weight)
     opt.step()
     after = list(model.parameters())
     assert not torch.equal(after[2], before[2])
     for i in (0, 1, 3):
         assert torch.equal(after[i], before[i])
-        assert after[i] not in opt.state
+
+
+def test_grow_keeps_moments_and_adds_zeros() -> None:
+    model = _model(3)
+    opt = Adam(model.parameters(), lr=1e-2)
+    for step in range(2):
+        opt.zero_grad()
+        _loss(model, step).backward()
+        opt.step()
+    old = model[0].weight
+    moments = {k: opt.state[old][k].clone() for k in ("exp_avg", "exp_avg_sq")}
+    new = torch.nn.Parameter(torch.cat([old.detach(), torch.zeros(16, 2)], 1))
+    model[0].weight = new
+    opt.grow([(old, new, 1)])
+    assert any(p is new for p in opt.params) and not any(p is old for p in opt.params)
+    for key, value in moments.items():
+        assert torch.equal(opt.state[new][key][:, :5], value)
+        assert torch.equal(opt.state[new][key][:, 5:], torch.zeros(16, 2))
+    assert new.untyped_storage().data_ptr() == opt.flat.untyped_storage().data_ptr()
+    opt.zero_grad()
+    model(torch.randn(4, 7)).sum().backward()
+    opt.step()  # steps on with the grown shapes
+    assert float(opt.state[new]["step"]) == 3.0

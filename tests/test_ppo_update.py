@@ -89,8 +89,8 @@ def record_events(
     monkeypatch.setattr(ppo_module, "approx_kl", recording_kl)
     for key, opt in update.optimizers.items():
 
-        def step(original=opt.step, key=key) -> None:  # type: ignore[no-untyped-def]
-            original()
+        def step(*args, original=opt.step, key=key) -> None:  # type: ignore[no-untyped-def]
+            original(*args)
             events.append((f"step:{key}", 0.0))
             if after and key in after:
                 after[key]()

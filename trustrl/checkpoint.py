@@ -56,7 +56,9 @@ def flatten_state(state: Any) -> tuple[Any, dict[str, torch.Tensor]]:
 
     def walk(value: Any, path: str) -> Any:
         if isinstance(value, torch.Tensor):
-            tensors[path] = value.detach().cpu().contiguous()
+            # A copy: optimizer moments and parameters are views of flat buffers
+            # (optim.py), and safetensors refuses tensors that share memory.
+            tensors[path] = value.detach().cpu().clone()
             return {"__tensor__": path}
         if isinstance(value, np.ndarray):
             tensors[path] = torch.from_numpy(np.ascontiguousarray(value))
@@ -130,7 +132,9 @@ def write_checkpoint(
         _write_file(
             tmp / POLICY_FILE,
             lambda p: save_file(
-                dict(policy.state_dict()), str(p), metadata={"policy": json.dumps(description)}
+                {k: v.clone() for k, v in policy.state_dict().items()},
+                str(p),
+                metadata={"policy": json.dumps(description)},
             ),
         )
         _write_file(tmp / STATE_FILE, lambda p: save_file(tensors, str(p)))

@@ -200,12 +200,15 @@ class PPOUpdate:
             opt = self.optimizers[key]
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            norm = clip_grad_norm(opt.params, cfg.max_grad_norm)
+            grad = opt.flat_grad()
+            if grad is None:
+                continue
+            norm = clip_grad_norm(grad, cfg.max_grad_norm)
             if not math.isfinite(norm):
                 skipped["gradient"] = skipped.get("gradient", 0) + 1
                 opt.zero_grad(set_to_none=True)
                 continue
-            opt.step()
+            opt.step(grad)
 
 
 def _mean(values: list[float]) -> float:
