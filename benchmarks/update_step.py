@@ -1,0 +1,54 @@
+"""Time one PPO minibatch step (forward, losses, backward, clip, Adam) on case 1's shapes.
+
+    .venv/bin/python benchmarks/update_step.py
+    PYTHONPATH=/path/to/other/checkout .venv/bin/python benchmarks/update_step.py
+
+CartPole-sized policy (64x64 tanh actor and critic), a 4 x 128 rollout, 4 epochs of 4
+minibatches of 128, one torch thread. Prints microseconds per minibatch step, the median
+of 5 repeats of 50 updates. Used for docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import trustrl
+from trustrl.config import PolicyConfig, PPOConfig
+from trustrl.policy import Policy
+from trustrl.rollout import Rollout
+from trustrl.spaces import SpaceSpec
+from trustrl.updates.ppo import PPOUpdate
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    spec = SpaceSpec.from_spaces(
+        gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), False
+    )
+    policy = Policy(spec, PolicyConfig())
+    rollout = Rollout(128, 4, 4, (), torch.int64)
+    rollout.obs.normal_()
+    rollout.valid[:] = True
+    rollout.logprob.fill_(-0.69)
+    rollout.rewards.normal_()
+    rollout.compute_advantages(0.99, 0.95)
+    update = PPOUpdate(policy, PPOConfig(update_epochs=4, num_minibatches=4, ent_coef=0.01))
+    for _ in range(5):
+        update(policy, rollout, 0.0)
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(50):
+            update(policy, rollout, 0.0)
+        times.append((time.perf_counter() - start) / (50 * 16))
+    print(f"{trustrl.__file__}: {statistics.median(times) * 1e6:.0f} us per minibatch step")
+
+
+if __name__ == "__main__":
+    main()
