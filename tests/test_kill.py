@@ -67,9 +67,8 @@ TRAIN_FLAGS = [
 FORK_SERVER = textwrap.dedent(
     """
     import json, os, signal, sys, traceback
-    # Everything a training run imports, once (torch.optim.Adam pulls in torch._dynamo,
-    # seconds of imports by itself; tyro and tensorboard are imported lazily too).
-    import torch._dynamo, torch.utils.tensorboard, tyro
+    # Everything a training run imports, once (tyro and tensorboard are imported lazily).
+    import torch.utils.tensorboard, tyro
     import trustrl.cli, trustrl.trainer
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped automatically
