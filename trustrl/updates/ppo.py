@@ -104,7 +104,7 @@ class PPOUpdate:
                 mb = shuffled[start : start + minibatch_size]
                 terms: dict[str, Tensor] = {}
                 if fit_pi:
-                    pi_terms, kl = self._policy_terms(policy, mb, clip_coef)
+                    pi_terms, kl, fraction = self._policy_terms(policy, mb, clip_coef)
                     stats["kl"].append(kl)
                     # Checked before the step it would overshoot, not after (the
                     # multi-agent seed kernel's mistake): this step is never taken.
@@ -114,9 +114,7 @@ class PPOUpdate:
                             break
                     else:
                         terms.update(pi_terms)
-                        clip_fractions.append(
-                            float(clip_fraction(pi_terms["log_ratio"], clip_coef))
-                        )
+                        clip_fractions.append(fraction)
                 if fit_vf:
                     new_values = policy.value_raw(mb.obs, mb.critic_obs, mb.agent)
                     terms["value"] = value_loss(new_values, mb.values, mb.returns, cfg.vf_clip_coef)
@@ -147,15 +145,18 @@ class PPOUpdate:
 
     def _policy_terms(
         self, policy: Policy, mb: Batch, clip_coef: float
-    ) -> tuple[dict[str, Tensor], float]:
+    ) -> tuple[dict[str, Tensor], float, float]:
+        """The policy loss terms, the KL estimate and the clip fraction (one sync)."""
         params = policy.dist_params(mb.obs, mb.action_mask, mb.agent)
         logprob = policy.head.log_prob(params, mb.actions)
         advantages = normalize_advantages(mb.advantages) if self.config.norm_adv else mb.advantages
         loss, log_ratio = clipped_surrogate(logprob, mb.logprob, advantages, clip_coef)
         entropy = policy.head.entropy(params).mean()
         with torch.no_grad():
-            kl = float(approx_kl(log_ratio))
-        return {"policy": loss, "entropy": entropy, "log_ratio": log_ratio.detach()}, kl
+            kl, fraction = torch.stack(
+                [approx_kl(log_ratio), clip_fraction(log_ratio, clip_coef)]
+            ).tolist()
+        return {"policy": loss, "entropy": entropy}, kl, fraction
 
     def _step(
         self,
