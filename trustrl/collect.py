@@ -227,6 +227,8 @@ class Collector:
     ) -> None:
         lane.episode_return += reward
         lane.episode_length += valid
+        if not done.any():
+            return
         names = lane.agent_names
         for row in np.flatnonzero(done):
             stats.returns.append(float(lane.episode_return[row]))
