@@ -260,7 +260,12 @@ def markdown(result: dict[str, Any]) -> str:
         f"Budget: {settings['steps']:,} env steps per run, seeds "
         f"{', '.join(map(str, settings['seeds']))}; scores over {settings['episodes']} "
         f"episodes (seeds {settings['eval_seed']}+); {settings.get('jobs', 1)} run(s) trained "
-        "at a time.",
+        "at a time. Settings: the preset"
+        + (
+            f" overlaid with `benchmarks/{Path(settings['config']).name}`."
+            if settings.get("config")
+            else " alone (the seed kernel's)."
+        ),
         "",
         "| policy | mean per-agent return | deterministic | gap closed | SPS | wall time / run |",
         "| --- | --- | --- | --- | --- | --- |",
