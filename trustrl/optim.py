@@ -1,13 +1,14 @@
-"""Adam, as torch.optim.Adam computes it, without torch.optim.
+"""Adam, as torch.optim.Adam computes it, without torch.optim, on one flat buffer.
 
 Why not ``torch.optim.Adam``: constructing any ``torch.optim.Optimizer`` imports
 ``torch._dynamo``, which costs 2-3 s on this project's 2-core machines, longer than a
-whole CartPole training run (see docs/performance.md). This class is the same
+whole CartPole training run; and on CPU its per-parameter (or per-tensor ``foreach``)
+ops dominate a small network's step (see docs/performance.md). This class is the same
 arithmetic (bias-corrected moments, ``eps`` added after the square root, the order of
-torch's single-tensor implementation) run as ``torch._foreach_*`` ops, one call per
-stage for all parameters; ``tests/test_optim.py`` checks it step for step against
-``torch.optim.Adam``. It keeps torch's attribute names (``param_groups``, ``state``)
-and ``state_dict`` layout, so checkpoints written with either load in both.
+torch's single-tensor implementation) on flat tensors; ``tests/test_optim.py`` checks it
+step for step against ``torch.optim.Adam``. It keeps torch's attribute names
+(``param_groups``, ``state``) and ``state_dict`` layout, so checkpoints written with
+either load in both.
 """
 
 from __future__ import annotations
