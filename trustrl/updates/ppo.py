@@ -151,7 +151,11 @@ class PPOUpdate:
         logprob = policy.head.log_prob(params, mb.actions)
         advantages = normalize_advantages(mb.advantages) if self.config.norm_adv else mb.advantages
         loss, log_ratio = clipped_surrogate(logprob, mb.logprob, advantages, clip_coef)
-        entropy = policy.head.entropy(params).mean()
+        if self.config.ent_coef:
+            entropy = policy.head.entropy(params).mean()
+        else:  # reported, not trained on: keep it out of the backward pass
+            with torch.no_grad():
+                entropy = policy.head.entropy(params).mean()
         with torch.no_grad():
             kl, fraction = torch.stack(
                 [approx_kl(log_ratio), clip_fraction(log_ratio, clip_coef)]
@@ -183,9 +187,9 @@ class PPOUpdate:
             stats["vf"].append(values["value"])
 
         losses: list[tuple[str, Tensor]] = []
-        actor_loss = (
-            terms["policy"] - cfg.ent_coef * terms["entropy"] if "policy" in terms else None
-        )
+        actor_loss = terms.get("policy")
+        if actor_loss is not None and cfg.ent_coef:
+            actor_loss = actor_loss - cfg.ent_coef * terms["entropy"]
         if cfg.separate_optimizers:
             if actor_loss is not None:
                 losses.append(("pi", actor_loss))
