@@ -20,7 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 from trustrl.envs import GroupObs, GymRows, RowEnv
-from trustrl.inference import Inference, normalize
+from trustrl.inference import Inference, clip, normalize
 from trustrl.normalize import RunningMeanStd
 from trustrl.policy import Policy
 from trustrl.rollout import Rollout
@@ -248,8 +248,8 @@ class Collector:
         if train:
             scaler.update(lane.discounted_return[valid])
         lane.discounted_return[done] = 0.0
-        scale = 1.0 / np.sqrt(scaler.var.numpy() + scaler.epsilon)
-        return np.clip(reward * scale, -scaler.clip, scaler.clip)
+        _, var, _ = scaler.arrays()
+        return clip(reward * (1.0 / np.sqrt(var + scaler.epsilon)), scaler.clip)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -86,11 +86,16 @@ def normalize(normalizer: RunningMeanStd | None, x: np.ndarray) -> np.ndarray:
     """``RunningMeanStd.forward`` in numpy (float32, the same operations in the same order)."""
     if normalizer is None:
         return x
-    mean = normalizer.mean.numpy().astype(np.float32)
-    scale = 1.0 / np.sqrt(
-        normalizer.var.numpy().astype(np.float32) + np.float32(normalizer.epsilon)
-    )
-    return np.clip((x - mean) * scale, -normalizer.clip, normalizer.clip).astype(np.float32)
+    mean, var, _ = normalizer.arrays()
+    scale = 1.0 / np.sqrt(var.astype(np.float32) + np.float32(normalizer.epsilon))
+    y = (x - mean.astype(np.float32)) * scale
+    return clip(y, normalizer.clip)
+
+
+def clip(x: np.ndarray, bound: float) -> np.ndarray:
+    """``np.clip(x, -bound, bound)`` in place (x is overwritten and returned), as two ufuncs:
+    np.clip's Python wrapper costs more than the clipping on a few rows."""
+    return np.minimum(np.maximum(x, -bound, out=x), bound, out=x)
 
 
 class Inference:
@@ -170,9 +175,8 @@ class Inference:
         norm = self.policy.value_normalizer
         if norm is None:
             return raw
-        return raw * np.sqrt(norm.var.numpy()).astype(np.float32) + norm.mean.numpy().astype(
-            np.float32
-        )
+        mean, var, _ = norm.arrays()
+        return raw * np.sqrt(var).astype(np.float32) + mean.astype(np.float32)
 
 
 def _relu(x: np.ndarray) -> np.ndarray:

@@ -36,6 +36,16 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self._arrays: tuple[Tensor, np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(mean, var, count) as numpy views of the buffers (cached while they are the same
+        tensors; ``load_state_dict`` copies in place, so the views stay valid)."""
+        cached = self._arrays
+        if cached is None or cached[0] is not self.mean:
+            views = (self.mean.numpy(), self.var.numpy(), self.count.numpy())
+            cached = self._arrays = (self.mean, *views)
+        return cached[1], cached[2], cached[3]
 
     def update(self, batch: Tensor | np.ndarray) -> None:
         """Fold in a batch of shape (B, *shape).
@@ -47,12 +57,16 @@ class RunningMeanStd(nn.Module):
         n = batch.shape[0]
         if n == 0:
             return
-        mean, var, count = self.mean.numpy(), self.var.numpy(), self.count.numpy()
-        batch_mean = batch.mean(0)
-        batch_var = batch.var(0)
+        mean, var, count = self.arrays()
+        if n == 1:  # one env: skip numpy's general-purpose mean and var
+            batch_mean, batch_var = batch[0], 0.0
+        else:
+            batch_mean = batch.mean(0)
+            centered = batch - batch_mean
+            batch_var = (centered * centered).mean(0)
         total = count + n
         delta = batch_mean - mean
-        new_var = (var * count + batch_var * n + np.square(delta) * (count * n / total)) / total
+        new_var = (var * count + batch_var * n + delta * delta * (count * n / total)) / total
         mean += delta * (n / total)
         var[...] = new_var
         count[...] = total
