@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from trustrl.config import PolicyConfig
-from trustrl.inference import Inference, normalize
+from trustrl.inference import Inference
 from trustrl.policy import Policy
 from trustrl.spaces import SpaceSpec
 
@@ -126,11 +126,3 @@ def test_gaussian_samples_have_the_policy_mean_and_std() -> None:
     mean, std = params[:3], np.exp(params[3:])
     np.testing.assert_allclose(actions.mean(0), mean, atol=4 * std.max() / np.sqrt(len(x)))
     np.testing.assert_allclose(actions.std(0), std, rtol=0.02)
-
-
-def test_normalize_matches_the_module() -> None:
-    policy = make("discrete", "normalized")
-    x = np.random.default_rng(5).normal(size=(ROWS, OBS_DIM)).astype(np.float32) * 40
-    expected = policy.obs_normalizer(torch.from_numpy(x)).numpy()  # type: ignore[misc]
-    np.testing.assert_allclose(normalize(policy.obs_normalizer, x), expected, rtol=1e-6, atol=1e-6)
-    assert np.abs(expected).max() == policy.obs_normalizer.clip  # type: ignore[union-attr]

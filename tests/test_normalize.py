@@ -79,7 +79,7 @@ def test_scale_divides_only() -> None:
     rms.update(torch.tensor([10.0, 14.0]))  # mean 12, var 4 -> std 2
     x = torch.tensor([4.0, -3.0, 0.0, 12.0, 100.0])
     # No mean subtraction: 12 scales to 6, clipped to 5; the sign is kept.
-    torch.testing.assert_close(rms.scale(x), torch.tensor([2.0, -1.5, 0.0, 5.0, 5.0]))
+    np.testing.assert_allclose(rms.scale_array(x.numpy()), [2.0, -1.5, 0.0, 5.0, 5.0])
     torch.testing.assert_close(rms(x), torch.tensor([-4.0, -5.0, -5.0, 0.0, 5.0]))
 
 
@@ -116,3 +116,13 @@ def test_state_dict_round_trip() -> None:
     from_file = RunningMeanStd(4)
     from_file.load_state_dict(torch.load(buffer))
     assert torch.equal(from_file.var, rms.var) and from_file.count.item() == rms.count.item()
+
+
+def test_numpy_normalize_matches_forward() -> None:
+    """The collector's numpy path gives what the module gives (and clips the same)."""
+    rms = RunningMeanStd(6, clip=10.0)
+    rms.update(np.random.default_rng(4).normal(3.0, 2.0, size=(50, 6)))
+    x = np.random.default_rng(5).normal(size=(12, 6)).astype(np.float32) * 40
+    expected = rms(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(rms.normalize_array(x.copy()), expected, rtol=1e-6, atol=1e-6)
+    assert np.abs(expected).max() == rms.clip

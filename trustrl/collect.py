@@ -20,7 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 from trustrl.envs import GroupObs, GymRows, RowEnv
-from trustrl.inference import Inference, clip, normalize
+from trustrl.inference import Inference
 from trustrl.normalize import RunningMeanStd
 from trustrl.policy import Policy
 from trustrl.rollout import Rollout
@@ -184,15 +184,14 @@ class Collector:
             if policy.obs_normalizer is not None:
                 policy.obs_normalizer.update(lane.obs if live is None else lane.obs[live])
             if policy.critic_normalizer is not None and lane.critic_obs is not None:
-                critic = lane.critic_obs
-                policy.critic_normalizer.update(critic if live is None else critic[live])
-        x = normalize(policy.obs_normalizer, lane.obs)
-        critic_x = (
-            normalize(policy.critic_normalizer, lane.critic_obs)
-            if lane.critic_obs is not None
-            else None
-        )
-        return x, critic_x
+                state = lane.critic_obs
+                policy.critic_normalizer.update(state if live is None else state[live])
+        norm = policy.obs_normalizer
+        x = norm.normalize_array(lane.obs) if norm is not None else lane.obs
+        critic_norm, critic = policy.critic_normalizer, lane.critic_obs
+        if critic is not None and critic_norm is not None:
+            critic = critic_norm.normalize_array(critic)
+        return x, critic
 
     def _act(
         self,
@@ -248,8 +247,7 @@ class Collector:
         if train:
             scaler.update(lane.discounted_return[valid])
         lane.discounted_return[done] = 0.0
-        _, var, _ = scaler.arrays()
-        return clip(reward * (1.0 / np.sqrt(var + scaler.epsilon)), scaler.clip)
+        return scaler.scale_array(reward)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -8,9 +8,9 @@ with; the update keeps torch, for autograd. ``tests/test_inference.py`` checks t
 both give the same log-probabilities and values.
 
 A snapshot is taken by ``Inference(policy)`` (weights pre-transposed for ``x @ W``) and
-is what a remote runner holds between weight refreshes. The normalizers' statistics are
-read live, as numpy views of the policy's float64 buffers, because the collector updates
-them every step.
+is what a remote runner holds between weight refreshes. It takes observations already
+normalized (``RunningMeanStd.normalize_array``, whose statistics the collector updates every
+step); the value normalizer's statistics are read live from the policy's buffers.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from trustrl.distributions import (
     MultiCategoricalHead,
     StackedLinear,
 )
-from trustrl.normalize import RunningMeanStd
 from trustrl.policy import StackedMLP
 
 _LOG_SQRT_2PI = np.float32(0.5 * math.log(2 * math.pi))
@@ -80,22 +79,6 @@ def _gumbel_argmax(log_probs: np.ndarray, rng: np.random.Generator) -> np.ndarra
     # A draw of exactly 0 would give +inf and win even over a masked action.
     np.maximum(noise, np.finfo(np.float32).tiny, out=noise)
     return (log_probs - np.log(noise)).argmax(-1)
-
-
-def normalize(normalizer: RunningMeanStd | None, x: np.ndarray) -> np.ndarray:
-    """``RunningMeanStd.forward`` in numpy (float32, the same operations in the same order)."""
-    if normalizer is None:
-        return x
-    mean, var, _ = normalizer.arrays()
-    scale = 1.0 / np.sqrt(var.astype(np.float32) + np.float32(normalizer.epsilon))
-    y = (x - mean.astype(np.float32)) * scale
-    return clip(y, normalizer.clip)
-
-
-def clip(x: np.ndarray, bound: float) -> np.ndarray:
-    """``np.clip(x, -bound, bound)`` in place (x is overwritten and returned), as two ufuncs:
-    np.clip's Python wrapper costs more than the clipping on a few rows."""
-    return np.minimum(np.maximum(x, -bound, out=x), bound, out=x)
 
 
 class Inference:

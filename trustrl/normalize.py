@@ -75,6 +75,21 @@ class RunningMeanStd(nn.Module):
         scale = torch.rsqrt(self.var.to(x.dtype) + self.epsilon)
         return ((x - self.mean.to(x.dtype)) * scale).clamp(-self.clip, self.clip)
 
-    def scale(self, x: Tensor) -> Tensor:
+    # The collector's numpy versions (per env step, numpy ops cost a fraction of torch's).
+
+    def normalize_array(self, x: np.ndarray) -> np.ndarray:
+        """``forward`` on a float32 array: the same operations in the same order."""
+        mean, var, _ = self.arrays()
+        scale = 1.0 / np.sqrt(var.astype(np.float32) + np.float32(self.epsilon))
+        return _clip_((x - mean.astype(np.float32)) * scale, self.clip)
+
+    def scale_array(self, x: np.ndarray) -> np.ndarray:
         """Divide by the standard deviation only (reward scaling keeps the sign and offset)."""
-        return (x * torch.rsqrt(self.var.to(x.dtype) + self.epsilon)).clamp(-self.clip, self.clip)
+        _, var, _ = self.arrays()
+        return _clip_(x * (1.0 / np.sqrt(var + self.epsilon)), self.clip)
+
+
+def _clip_(x: np.ndarray, bound: float) -> np.ndarray:
+    """``np.clip(x, -bound, bound)`` in place, as two ufuncs: np.clip's Python wrapper
+    costs more than the clipping on a few rows."""
+    return np.minimum(np.maximum(x, -bound, out=x), bound, out=x)
