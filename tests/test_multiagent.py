@@ -86,16 +86,7 @@ def scripted_rollout(
         critic_dim=group.critic_dim,
         **(policy_kwargs or {"per_agent": True, "agent_id": True}),
     )
-    rollout = Rollout(
-        num_steps,
-        num_envs * group.num_agents,
-        group.spec.obs_dim,
-        group.spec.action_shape,
-        group.spec.action_dtype,
-        group.spec.mask_dim,
-        group.critic_dim,
-        group.num_agents,
-    )
+    rollout = Rollout.for_group(group, num_steps, num_envs)
     stats = collector.collect(policy, rollout)
     return collector, policy, rollout, stats
 

@@ -17,9 +17,16 @@ stop the accumulation.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from trustrl.envs import AgentGroup
 
 
 def gae(
@@ -87,6 +94,21 @@ class Rollout:
         self.last_value = torch.zeros(n)  # (N,), V of the observation after the last step
         self.advantages = torch.zeros((t, n))  # (T, N)
         self.returns = torch.zeros((t, n))  # (T, N)
+
+    @classmethod
+    def for_group(cls, group: AgentGroup, num_steps: int, num_envs: int) -> Rollout:
+        """Storage for one agent group: a row per (env, agent of the group)."""
+        spec = group.spec
+        return cls(
+            num_steps,
+            num_envs * group.num_agents,
+            spec.obs_dim,
+            spec.action_shape,
+            spec.action_dtype,
+            spec.mask_dim,
+            group.critic_dim,
+            group.num_agents,
+        )
 
     def numpy_views(self) -> dict[str, np.ndarray]:
         """Zero-copy numpy views of the tensors the collector writes, by attribute name."""
@@ -158,6 +180,15 @@ class Batch:
         self.action_mask = action_mask  # (B, A) or None
         self.critic_obs = critic_obs  # (B, critic_dim) or None: the critic reads obs
         self.agent = agent if agent is not None else torch.zeros(len(obs), dtype=torch.long)  # (B,)
+
+    def minibatches(self, count: int, generator: torch.Generator) -> Iterator[Batch]:
+        """One epoch: ``count`` minibatches in random order. The shuffled batch is gathered
+        once; the minibatches are slices (views) of it."""
+        size = len(self)
+        step = max(1, math.ceil(size / count))
+        shuffled = self[torch.randperm(size, generator=generator)]
+        for start in range(0, size, step):
+            yield shuffled[start : start + step]
 
     def __len__(self) -> int:
         return self.obs.shape[0]

@@ -101,16 +101,7 @@ class Trainer:
         )
         self.updates = [make_update(config, policy) for policy in self.policies]
         self.rollouts = [
-            Rollout(
-                config.rollout.num_steps,
-                config.env.num_envs * group.num_agents,
-                group.spec.obs_dim,
-                group.spec.action_shape,
-                group.spec.action_dtype,
-                group.spec.mask_dim,
-                group.critic_dim,
-                group.num_agents,
-            )
+            Rollout.for_group(group, config.rollout.num_steps, config.env.num_envs)
             for group in self.groups
         ]
         self.agent_names = [a for g in self.groups for a in g.agents if a]

@@ -77,11 +77,9 @@ class PPOUpdate:
 
         batch = rollout.flat()
         batch.returns, batch.values = policy.value_targets(batch.returns, batch.values)
-        size = len(batch)
         separate = cfg.separate_optimizers
         pi_epochs = cfg.update_epochs
         vf_epochs = (cfg.vf_epochs or cfg.update_epochs) if separate else pi_epochs
-        minibatch_size = max(1, math.ceil(size / cfg.num_minibatches))
 
         pi_stopped = False
         stop_iter = pi_epochs
@@ -94,14 +92,11 @@ class PPOUpdate:
                 break
             stats: dict[str, list[float]] = {"pi": [], "vf": [], "kl": [], "entropy": []}
             epoch_stats.append(stats)
-            # One gather per epoch; the minibatches are views (slices) of it.
-            shuffled = batch[torch.randperm(size, generator=self.generator)]
-            for start in range(0, size, minibatch_size):
+            for mb in batch.minibatches(cfg.num_minibatches, self.generator):
                 fit_pi = epoch < pi_epochs and not pi_stopped
                 fit_vf = epoch < vf_epochs and (separate or not pi_stopped)
                 if not (fit_pi or fit_vf):
                     break
-                mb = shuffled[start : start + minibatch_size]
                 terms: dict[str, Tensor] = {}
                 if fit_pi:
                     pi_terms, kl, fraction = self._policy_terms(policy, mb, clip_coef)

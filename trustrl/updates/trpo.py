@@ -210,15 +210,10 @@ class TRPOUpdate:
 
     def fit_critic(self, policy: Policy, batch: Batch) -> dict[str, float]:
         cfg = self.config
-        size = len(batch)
-        minibatch_size = max(1, math.ceil(size / cfg.minibatches))
         epoch_losses: list[float] = []
         for _ in range(cfg.train_vf_iters):
             losses = []
-            # One gather per epoch; the minibatches are views (slices) of it.
-            shuffled = batch[torch.randperm(size, generator=self.generator)]
-            for start in range(0, size, minibatch_size):
-                mb = shuffled[start : start + minibatch_size]
+            for mb in batch.minibatches(cfg.minibatches, self.generator):
                 prediction = policy.value_raw(mb.obs, mb.critic_obs, mb.agent)
                 loss = value_loss(prediction, mb.values, mb.returns)
                 value = loss.item()
