@@ -47,7 +47,6 @@ class Adam:
             {"params": list(params), "lr": lr, "betas": betas, "eps": eps}
         ]
         self.steps = 0  # steps taken (torch keeps one count per parameter; they agree)
-        self.state: dict[nn.Parameter, dict[str, Tensor]] = {}
         self._flatten(torch.zeros(0), torch.zeros(0))
 
     @property
@@ -63,22 +62,26 @@ class Adam:
             exp_avg, exp_avg_sq = torch.zeros_like(self.flat), torch.zeros_like(self.flat)
         self.exp_avg, self.exp_avg_sq = exp_avg, exp_avg_sq
         self.sizes = [p.numel() for p in params]
-        for p, flat in zip(params, self.flat.split(self.sizes), strict=True):
-            p.data = flat.view_as(p)
-        self._sync_state()
+        for p, view in zip(params, self._views(self.flat), strict=True):
+            p.data = view
 
-    def _sync_state(self) -> None:
-        self.state = {}
+    def _views(self, flat: Tensor) -> list[Tensor]:
+        """A flat tensor cut into one view per parameter, shaped like it."""
+        return [t.view_as(p) for t, p in zip(flat.split(self.sizes), self.params, strict=True)]
+
+    @property
+    def state(self) -> dict[nn.Parameter, dict[str, Tensor]]:
+        """torch's per-parameter view: step, and views of the flat moments (empty before
+        the first step, as in torch)."""
         if self.steps == 0:
-            return
+            return {}
         step = torch.tensor(float(self.steps))
-        for p, m, v in zip(
-            self.params,
-            self.exp_avg.split(self.sizes),
-            self.exp_avg_sq.split(self.sizes),
-            strict=True,
-        ):
-            self.state[p] = {"step": step, "exp_avg": m.view_as(p), "exp_avg_sq": v.view_as(p)}
+        return {
+            p: {"step": step, "exp_avg": m, "exp_avg_sq": v}
+            for p, m, v in zip(
+                self.params, self._views(self.exp_avg), self._views(self.exp_avg_sq), strict=True
+            )
+        }
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
@@ -108,7 +111,6 @@ class Adam:
                 return
         group = self.param_groups[0]
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
-        first = self.steps == 0
         self.steps += 1
         self.exp_avg.lerp_(grad, 1 - beta1)
         self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
@@ -116,26 +118,18 @@ class Adam:
         bias_correction2_sqrt = (1 - beta2**self.steps) ** 0.5
         denom = (self.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
         self.flat.addcdiv_(self.exp_avg, denom, value=-lr / bias_correction1)
-        if first:
-            self._sync_state()
-        else:
-            for state in self.state.values():
-                state["step"].fill_(float(self.steps))
-                break  # one tensor shared by every parameter's entry
 
     def grow(self, grown: list[tuple[nn.Parameter, nn.Parameter, int]]) -> None:
         """After ``Policy.register_agent`` replaced parameters with grown ones (old, new,
         dimension grown), optimize the new ones, their moments extended with zeros.
         Entries for parameters of other optimizers are ignored."""
-        moments = {
-            p: (m.view_as(p), v.view_as(p))
-            for p, m, v in zip(
+        moments = dict(
+            zip(
                 self.params,
-                self.exp_avg.split(self.sizes),
-                self.exp_avg_sq.split(self.sizes),
+                zip(self._views(self.exp_avg), self._views(self.exp_avg_sq), strict=True),
                 strict=True,
             )
-        }
+        )
         grown = [(old, new, dim) for old, new, dim in grown if old in moments]
         if not grown:
             return  # none of this optimizer's parameters grew
@@ -176,7 +170,6 @@ class Adam:
             self.steps = 0
             self.exp_avg.zero_()
             self.exp_avg_sq.zero_()
-            self._sync_state()
             return
         if len(entries) != len(self.params):
             raise ValueError(
@@ -189,7 +182,6 @@ class Adam:
         self.exp_avg_sq.copy_(
             torch.cat([entries[i]["exp_avg_sq"].reshape(-1) for i in range(len(entries))])
         )
-        self._sync_state()
 
 
 @torch.no_grad()
