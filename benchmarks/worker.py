@@ -59,6 +59,32 @@ class RecentReturns:
         return False
 
 
+def run_summary(
+    case: dict[str, Any],
+    env_steps: int,
+    clocks: tuple[float, float, float, float],
+    timing: dict[str, Any],
+    recent: RecentReturns,
+) -> dict[str, Any]:
+    """The fields both libraries' runs report. ``clocks``: monotonic times when the imports
+    were done, building started, training started and training ended."""
+    imported, build_start, train_start, train_end = clocks
+    out: dict[str, Any] = {
+        "env_steps": env_steps,
+        "train_time": train_end - train_start,
+        "build_time": train_start - build_start,
+        "import_time": imported - PROCESS_START,
+        "sps": env_steps / (train_end - train_start),
+        "iterations": timing["iterations"],
+    }
+    if case.get("threshold"):
+        out["threshold"] = recent.reached_at
+    if case.get("time_collection") and timing["collect_time"] > 0:
+        out["collect_time"] = timing["collect_time"]
+        out["collect_sps"] = env_steps / timing["collect_time"]
+    return out
+
+
 def deterministic_eval(act: Any, env_id: str, episodes: int, seed: int) -> dict[str, Any]:
     """Mean return over seeded episodes (seed + 1_000_000 + i: trustrl's own scheme)."""
     import gymnasium as gym
@@ -151,22 +177,14 @@ def run_trustrl(job: dict[str, Any]) -> dict[str, Any]:
         # The trainer's own count if the wrapper was bypassed (a changed collector API).
         env_steps = timing["collect_steps"] or int(getattr(trainer, "env_steps", 0))
 
-        out: dict[str, Any] = {
-            "env_steps": env_steps,
-            "train_time": train_end - train_start,
-            "build_time": train_start - build_start,
-            "import_time": imported - PROCESS_START,
-            "sps": env_steps / (train_end - train_start),
-            "iterations": timing["iterations"],
-            "stopped_early": stopped_early,
-            "collect_wrapped": timing["iterations"] > 0,
-            "trustrl_module": trustrl.__file__,
-        }
-        if case.get("threshold"):
-            out["threshold"] = recent.reached_at
-        if case.get("time_collection") and timing["collect_time"] > 0:
-            out["collect_time"] = timing["collect_time"]
-            out["collect_sps"] = env_steps / timing["collect_time"]
+        out = run_summary(
+            case, env_steps, (imported, build_start, train_start, train_end), timing, recent
+        )
+        out.update(
+            stopped_early=stopped_early,
+            collect_wrapped=timing["iterations"] > 0,
+            trustrl_module=trustrl.__file__,
+        )
         if case.get("eval_episodes"):
             policy = trainer.policy
             out["eval"] = deterministic_eval(
@@ -257,20 +275,10 @@ def run_sb3(job: dict[str, Any]) -> dict[str, Any]:
     model.learn(total_timesteps=s["total_steps"], callback=Episodes())
     train_end = time.monotonic()
     env_steps = int(model.num_timesteps)
-    out: dict[str, Any] = {
-        "env_steps": env_steps,
-        "train_time": train_end - train_start,
-        "build_time": train_start - build_start,
-        "import_time": imported - PROCESS_START,
-        "sps": env_steps / (train_end - train_start),
-        "iterations": timing["iterations"],
-        "stopped_early": recent.reached_at is not None and env_steps < s["total_steps"],
-    }
-    if case.get("threshold"):
-        out["threshold"] = recent.reached_at
-    if case.get("time_collection"):
-        out["collect_time"] = timing["collect_time"]
-        out["collect_sps"] = env_steps / timing["collect_time"]
+    out = run_summary(
+        case, env_steps, (imported, build_start, train_start, train_end), timing, recent
+    )
+    out["stopped_early"] = recent.reached_at is not None and env_steps < s["total_steps"]
     if case.get("eval_episodes"):
         import numpy as np
 
