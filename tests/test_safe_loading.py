@@ -207,18 +207,14 @@ def test_pickle_files_given_directly_are_refused(tmp_path: Path, kind: str) -> N
     for suffix in (".pt", ".pkl", ".pth"):
         evil = tmp_path / f"model{suffix}"
         evil.write_bytes(payload(kind, marker))
-        for name, call in loaders(evil, tmp_path).items():
-            kind_, message = outcome(call)
-            check_refused(name, kind_, message, f"{evil} is a file, not a trustrl checkpoint")
+        assert_every_loader_refuses(evil, tmp_path, f"{evil} is a file, not a trustrl checkpoint")
         kind_, message = outcome(lambda e=evil: cli.main(["train", "--resume", str(e)]))
         check_refused("train --resume", kind_, message, "no config.toml there")
     # A folder holding only a pickle is not a checkpoint either.
     folder = tmp_path / "pickles"
     folder.mkdir()
     (folder / "policy.pt").write_bytes(payload(kind, marker))
-    for name, call in loaders(folder, tmp_path).items():
-        kind_, message = outcome(call)
-        check_refused(name, kind_, message, "no checkpoint found")
+    assert_every_loader_refuses(folder, tmp_path, "no checkpoint found")
     assert not marker.exists()
 
 
@@ -229,9 +225,7 @@ def test_a_pt_beside_a_missing_safetensors_is_not_used(
     marker = tmp_path / "unpickled.marker"
     (folder / "policy.safetensors").unlink()
     (folder / "policy.pt").write_bytes(payload("torch.save", marker))
-    for name, call in loaders(folder, tmp_path).items():
-        kind_, message = outcome(call)
-        check_refused(name, kind_, message, "policy.safetensors is missing")
+    assert_every_loader_refuses(folder, tmp_path, "policy.safetensors is missing")
     assert not marker.exists()
 
 
