@@ -16,6 +16,7 @@ import time
 import gymnasium as gym
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 import trustrl
 from trustrl.config import PolicyConfig, PPOConfig
@@ -27,6 +28,7 @@ from trustrl.updates.ppo import PPOUpdate
 
 def main() -> None:
     torch.set_num_threads(1)
+    threadpool_limits(1, user_api="blas")
     torch.manual_seed(0)
     spec = SpaceSpec.from_spaces(
         gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), False

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-import trustrl.updates.ppo as ppo_module
 from trustrl.config import PolicyConfig, PPOConfig
 from trustrl.losses import clipped_surrogate, value_loss
 from trustrl.policy import Policy
@@ -79,14 +78,14 @@ def record_events(
     """The sequence of KL measurements and optimizer steps, in the order they happen;
     ``after[key]()`` runs after each step of optimizer ``key``."""
     events: list[tuple[str, float]] = []
-    measure = ppo_module.approx_kl
+    measure = update.gradients.policy_terms
 
-    def recording_kl(log_ratio: torch.Tensor) -> torch.Tensor:
-        kl = measure(log_ratio)
-        events.append(("kl", float(kl)))
-        return kl
+    def recording_terms(*args):  # type: ignore[no-untyped-def]
+        terms = measure(*args)
+        events.append(("kl", terms[2]))
+        return terms
 
-    monkeypatch.setattr(ppo_module, "approx_kl", recording_kl)
+    monkeypatch.setattr(update.gradients, "policy_terms", recording_terms)
     for key, opt in update.optimizers.items():
 
         def step(*args, original=opt.step, key=key) -> None:  # type: ignore[no-untyped-def]

@@ -62,10 +62,10 @@ class Adam:
             exp_avg, exp_avg_sq = torch.zeros_like(self.flat), torch.zeros_like(self.flat)
         self.exp_avg, self.exp_avg_sq = exp_avg, exp_avg_sq
         self.sizes = [p.numel() for p in params]
-        for p, view in zip(params, self._views(self.flat), strict=True):
+        for p, view in zip(params, self.views(self.flat), strict=True):
             p.data = view
 
-    def _views(self, flat: Tensor) -> list[Tensor]:
+    def views(self, flat: Tensor) -> list[Tensor]:
         """A flat tensor cut into one view per parameter, shaped like it."""
         return [t.view_as(p) for t, p in zip(flat.split(self.sizes), self.params, strict=True)]
 
@@ -79,7 +79,7 @@ class Adam:
         return {
             p: {"step": step, "exp_avg": m, "exp_avg_sq": v}
             for p, m, v in zip(
-                self.params, self._views(self.exp_avg), self._views(self.exp_avg_sq), strict=True
+                self.params, self.views(self.exp_avg), self.views(self.exp_avg_sq), strict=True
             )
         }
 
@@ -126,7 +126,7 @@ class Adam:
         moments = dict(
             zip(
                 self.params,
-                zip(self._views(self.exp_avg), self._views(self.exp_avg_sq), strict=True),
+                zip(self.views(self.exp_avg), self.views(self.exp_avg_sq), strict=True),
                 strict=True,
             )
         )

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import tomli_w
 import torch
+from threadpoolctl import threadpool_limits
 
 from trustrl.checkpoint import (
     CheckpointError,
@@ -67,6 +68,9 @@ class Trainer:
         self.config = config
         self.run_dir = Path(run_dir or config.run_dir or default_run_dir(config))
         torch.set_num_threads(config.torch_threads)
+        # numpy's BLAS too (the collector's inference and the numpy gradients): OpenBLAS
+        # otherwise starts a thread per core even for 128 x 64 matmuls, several times slower.
+        threadpool_limits(config.torch_threads, user_api="blas")
         torch.manual_seed(config.seed)
 
         self.collector = Collector(

@@ -14,20 +14,14 @@ import warnings
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from trustrl.config import PPOConfig
-from trustrl.losses import (
-    approx_kl,
-    clip_fraction,
-    clipped_surrogate,
-    explained_variance,
-    normalize_advantages,
-    value_loss,
-)
+from trustrl.losses import explained_variance
 from trustrl.optim import Adam, clip_grad_norm
 from trustrl.policy import Policy
-from trustrl.rollout import Batch, Rollout
+from trustrl.rollout import Rollout
+from trustrl.updates.grads import Gradients, make_gradients
 
 
 class PPOUpdate:
@@ -48,6 +42,7 @@ class PPOUpdate:
         else:
             self.base_lr = {"all": config.learning_rate}
             self.optimizers = {"all": Adam(policy.parameters(), lr=config.learning_rate, eps=1e-5)}
+        self.gradients: Gradients = make_gradients(policy, config, self.optimizers)
 
     def register_agent(self, grown: list[tuple[nn.Parameter, nn.Parameter, int]]) -> None:
         """Extend optimizer state for parameters that ``Policy.register_agent`` grew."""
@@ -87,6 +82,8 @@ class PPOUpdate:
         skipped: dict[str, int] = {}
         clip_fractions: list[float] = []
 
+        grads = self.gradients
+        grads.bind()
         for epoch in range(max(pi_epochs, vf_epochs)):
             if not ((epoch < pi_epochs and not pi_stopped) or (epoch < vf_epochs and separate)):
                 break
@@ -97,9 +94,9 @@ class PPOUpdate:
                 fit_vf = epoch < vf_epochs and (separate or not pi_stopped)
                 if not (fit_pi or fit_vf):
                     break
-                terms: dict[str, Tensor] = {}
+                terms: dict[str, float] = {}
                 if fit_pi:
-                    pi_terms, kl, fraction = self._policy_terms(policy, mb, clip_coef)
+                    loss, entropy, kl, fraction = grads.policy_terms(mb, clip_coef)
                     stats["kl"].append(kl)
                     # Checked before the step it would overshoot, not after (the
                     # multi-agent seed kernel's mistake): this step is never taken.
@@ -108,13 +105,12 @@ class PPOUpdate:
                         if not separate:
                             break
                     else:
-                        terms.update(pi_terms)
+                        terms.update(policy=loss, entropy=entropy)
                         clip_fractions.append(fraction)
                 if fit_vf:
-                    new_values = policy.value_raw(mb.obs, mb.critic_obs, mb.agent)
-                    terms["value"] = value_loss(new_values, mb.values, mb.returns, cfg.vf_clip_coef)
-                if "policy" in terms or "value" in terms:
-                    self._step(policy, terms, stats, skipped)
+                    terms["value"] = grads.value_term(mb)
+                if terms:
+                    self._step(terms, stats, skipped)
 
         if skipped:
             detail = ", ".join(f"{term} ({count}x)" for term, count in skipped.items())
@@ -138,75 +134,31 @@ class PPOUpdate:
             metrics["vf_learning_rate"] = self.optimizers["vf"].param_groups[0]["lr"]
         return metrics
 
-    def _policy_terms(
-        self, policy: Policy, mb: Batch, clip_coef: float
-    ) -> tuple[dict[str, Tensor], float, float]:
-        """The policy loss terms, the KL estimate and the clip fraction (one sync)."""
-        params = policy.dist_params(mb.obs, mb.action_mask, mb.agent)
-        logprob = policy.head.log_prob(params, mb.actions)
-        advantages = normalize_advantages(mb.advantages) if self.config.norm_adv else mb.advantages
-        loss, log_ratio = clipped_surrogate(logprob, mb.logprob, advantages, clip_coef)
-        if self.config.ent_coef:
-            entropy = policy.head.entropy(params).mean()
-        else:  # reported, not trained on: keep it out of the backward pass
-            with torch.no_grad():
-                entropy = policy.head.entropy(params).mean()
-        with torch.no_grad():
-            kl, fraction = torch.stack(
-                [approx_kl(log_ratio), clip_fraction(log_ratio, clip_coef)]
-            ).tolist()
-        return {"policy": loss, "entropy": entropy}, kl, fraction
-
     def _step(
-        self,
-        policy: Policy,
-        terms: dict[str, Tensor],
-        stats: dict[str, list[float]],
-        skipped: dict[str, int],
+        self, terms: dict[str, float], stats: dict[str, list[float]], skipped: dict[str, int]
     ) -> None:
-        """Backward and step, unless a term or the gradient is non-finite."""
+        """Gradient and step for each optimizer, unless a term or a gradient is non-finite."""
         cfg = self.config
-        names = [name for name in ("policy", "entropy", "value") if name in terms]
-        # One synchronizing read for the finiteness checks and the logged values.
-        stacked = torch.stack([terms[n].detach() for n in names]).tolist()
-        values = dict(zip(names, stacked, strict=True))
-        bad = [name for name, value in values.items() if not math.isfinite(value)]
+        bad = [name for name, value in terms.items() if not math.isfinite(value)]
         for name in bad:
             skipped[name] = skipped.get(name, 0) + 1
         if bad:
             return
-        if "policy" in values:
-            stats["pi"].append(values["policy"])
-            stats["entropy"].append(values["entropy"])
-        if "value" in values:
-            stats["vf"].append(values["value"])
-
-        losses: list[tuple[str, Tensor]] = []
-        actor_loss = terms.get("policy")
-        if actor_loss is not None and cfg.ent_coef:
-            actor_loss = actor_loss - cfg.ent_coef * terms["entropy"]
-        if cfg.separate_optimizers:
-            if actor_loss is not None:
-                losses.append(("pi", actor_loss))
-            if "value" in terms:
-                losses.append(("vf", terms["value"]))
-        else:
-            total = cfg.vf_coef * terms["value"]
-            if actor_loss is not None:
-                total = total + actor_loss
-            losses.append(("all", total))
-
-        for key, loss in losses:
-            opt = self.optimizers[key]
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            grad = opt.flat_grad()
+        fit_pi, fit_vf = "policy" in terms, "value" in terms
+        if fit_pi:
+            stats["pi"].append(terms["policy"])
+            stats["entropy"].append(terms["entropy"])
+        if fit_vf:
+            stats["vf"].append(terms["value"])
+        for key, opt in self.optimizers.items():
+            grad = self.gradients.gradient(
+                key, fit_pi and key in ("pi", "all"), fit_vf and key in ("vf", "all")
+            )
             if grad is None:
                 continue
             norm = clip_grad_norm(grad, cfg.max_grad_norm)
             if not math.isfinite(norm):
                 skipped["gradient"] = skipped.get("gradient", 0) + 1
-                opt.zero_grad(set_to_none=True)
                 continue
             opt.step(grad)
 

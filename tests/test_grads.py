@@ -1,0 +1,211 @@
+"""The numpy gradients (trustrl/updates/grads.py) against autograd.
+
+``NumpyGradients`` is a hand-written backward pass of the PPO losses, so every quantity
+it produces is checked against ``TorchGradients`` (autograd on the losses of losses.py):
+the four policy terms, the value loss, and each optimizer's flat gradient, for every
+head, activation, mask and loss option; then whole updates, step for step.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from trustrl.config import PolicyConfig, PPOConfig
+from trustrl.optim import Adam
+from trustrl.policy import Policy
+from trustrl.rollout import Batch, Rollout
+from trustrl.spaces import SpaceSpec
+from trustrl.updates.grads import NumpyGradients, TorchGradients, make_gradients
+from trustrl.updates.ppo import PPOUpdate
+
+OBS_DIM, ROWS = 5, 40
+SPACES = {
+    "discrete": gym.spaces.Discrete(4),
+    "multidiscrete": gym.spaces.MultiDiscrete([3, 2, 4]),
+    "box": gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
+}
+
+
+def make_policy(space: str, activation: str = "tanh", seed: int = 0, **kwargs) -> Policy:
+    torch.manual_seed(seed)
+    spec = SpaceSpec.from_spaces(
+        gym.spaces.Box(-5.0, 5.0, (OBS_DIM,), np.float32), SPACES[space], False
+    )
+    policy = Policy(spec, PolicyConfig(hidden_sizes=(16, 8), activation=activation), **kwargs)
+    with torch.no_grad():  # away from the near-uniform initial head
+        for p in policy.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return policy
+
+
+def make_batch(policy: Policy, masked: bool, seed: int = 1) -> Batch:
+    """Samples of ``policy`` with perturbed old log-probs and values, so that ratios leave
+    the clip range on both sides and the value clip binds for some rows."""
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randn(ROWS, OBS_DIM, generator=g)
+    mask = None
+    if masked:
+        width = sum(policy.spec.nvec)
+        mask = torch.rand(ROWS, width, generator=g) > 0.4
+        for lo, _ in itertools.pairwise(np.cumsum([0, *policy.spec.nvec]).tolist()):
+            mask[:, lo] = True  # at least one legal action per block
+    actions, logprob, values = (t.clone() for t in policy.step(obs, mask, generator=g))
+    return Batch(
+        obs=obs,
+        actions=actions,
+        logprob=logprob + 0.3 * torch.randn(ROWS, generator=g),
+        values=values + 0.3 * torch.randn(ROWS, generator=g),
+        advantages=torch.randn(ROWS, generator=g) * 2 + 0.5,
+        returns=values + torch.randn(ROWS, generator=g),
+        action_mask=mask,
+    )
+
+
+def optimizers(policy: Policy, separate: bool) -> dict[str, Adam]:
+    if separate:
+        return {
+            "pi": Adam(policy.actor_parameters(), lr=1e-3),
+            "vf": Adam(policy.critic_parameters(), lr=1e-3),
+        }
+    return {"all": Adam(policy.parameters(), lr=1e-3)}
+
+
+CASES = [
+    # (space, masked, activation, ppo options)
+    ("discrete", False, "tanh", {}),
+    ("discrete", True, "relu", {"ent_coef": 0.05}),
+    ("discrete", False, "relu", {"vf_clip_coef": 0.2, "norm_adv": False}),
+    ("multidiscrete", False, "tanh", {"ent_coef": 0.01, "vf_clip_coef": 0.1}),
+    ("multidiscrete", True, "tanh", {"ent_coef": 0.01}),
+    ("box", False, "tanh", {"ent_coef": 0.01}),
+    ("box", False, "relu", {"vf_clip_coef": 0.2, "norm_adv": False}),
+]
+
+
+@pytest.mark.parametrize("separate", [False, True], ids=["shared", "separate"])
+@pytest.mark.parametrize(("space", "masked", "activation", "options"), CASES)
+def test_terms_and_gradients_match_autograd(
+    space: str, masked: bool, activation: str, options: dict, separate: bool
+) -> None:
+    policy = make_policy(space, activation)
+    batch = make_batch(policy, masked)
+    lrs = {"pi_lr": 1e-3, "vf_lr": 1e-3} if separate else {}
+    config = PPOConfig(**options, **lrs)
+    opts = optimizers(policy, separate)
+    reference = TorchGradients(policy, config, opts)
+    mine = NumpyGradients(policy, config, opts)
+
+    expected = reference.policy_terms(batch, 0.2)
+    got = mine.policy_terms(batch, 0.2)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert 0.0 < got[3] < 1.0, "the clip should bind for some rows, not all"
+    np.testing.assert_allclose(mine.value_term(batch), reference.value_term(batch), rtol=1e-5)
+
+    for key in opts:
+        for fit_pi, fit_vf in [(True, True), (True, False), (False, True)]:
+            fit_pi = fit_pi and key in ("pi", "all")
+            fit_vf = fit_vf and key in ("vf", "all")
+            for backend in (reference, mine):  # autograd frees its graph after a backward
+                backend.policy_terms(batch, 0.2)
+                backend.value_term(batch)
+            want = reference.gradient(key, fit_pi, fit_vf)
+            have = mine.gradient(key, fit_pi, fit_vf)
+            if want is None:
+                assert have is None
+                continue
+            assert have is not None
+            scale = float(want.abs().max())
+            assert scale > 0
+            np.testing.assert_allclose(have.numpy(), want.numpy(), rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_ties_of_the_clipped_branches_carry_the_full_gradient() -> None:
+    """Fresh samples (ratio exactly 1) and old values equal to the new ones put every row
+    on a tie of min/max: autograd splits the gradient over both branches, which sum to it."""
+    policy = make_policy("discrete")
+    batch = make_batch(policy, masked=False)
+    with torch.no_grad():
+        batch.logprob = policy.head.log_prob(policy.dist_params(batch.obs), batch.actions)
+        batch.values = policy.value_raw(batch.obs)
+    config = PPOConfig(vf_clip_coef=0.2)
+    opts = optimizers(policy, separate=False)
+    reference, mine = TorchGradients(policy, config, opts), NumpyGradients(policy, config, opts)
+    assert mine.policy_terms(batch, 0.2)[3] == 0.0
+    reference.policy_terms(batch, 0.2)
+    mine.value_term(batch)
+    reference.value_term(batch)
+    want = reference.gradient("all", True, True)
+    have = mine.gradient("all", True, True)
+    assert want is not None and have is not None
+    np.testing.assert_allclose(have.numpy(), want.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_the_backend_follows_the_policy() -> None:
+    config = PPOConfig()
+    for space in SPACES:
+        policy = make_policy(space)
+        assert isinstance(make_gradients(policy, config, optimizers(policy, False)), NumpyGradients)
+    for kwargs in [
+        {"num_agents": 3, "per_agent": True},
+        {"num_agents": 3, "agent_id": True},
+        {"critic_dim": 7},
+    ]:
+        policy = make_policy("discrete", **kwargs)
+        gradients = make_gradients(policy, config, optimizers(policy, False))
+        assert isinstance(gradients, TorchGradients), kwargs
+
+
+def make_rollout(policy: Policy, space: str) -> Rollout:
+    g = torch.Generator().manual_seed(3)
+    steps, rows = 16, 4
+    action_shape = policy.spec.action_shape if space != "discrete" else ()
+    dtype = torch.float32 if space == "box" else torch.int64
+    rollout = Rollout(steps, rows, OBS_DIM, action_shape, dtype)
+    rollout.obs = torch.randn(steps, rows, OBS_DIM, generator=g)
+    actions, logprob, values = policy.step(rollout.obs.reshape(-1, OBS_DIM), generator=g)
+    rollout.actions = actions.reshape(steps, rows, *action_shape).clone()
+    rollout.logprob = logprob.reshape(steps, rows).clone()
+    rollout.values = values.reshape(steps, rows).clone()
+    rollout.rewards = torch.randn(steps, rows, generator=g)
+    rollout.valid = torch.ones(steps, rows, dtype=torch.bool)
+    rollout.terminated[5, 1] = 1.0
+    rollout.last_value = torch.randn(rows, generator=g)
+    rollout.compute_advantages(0.99, 0.95)
+    return rollout
+
+
+@pytest.mark.parametrize(
+    ("space", "options"),
+    [
+        ("discrete", {"ent_coef": 0.01, "max_grad_norm": 0.5}),
+        ("box", {"pi_lr": 3e-3, "vf_lr": 1e-2, "vf_epochs": 6, "target_kl": 0.02}),
+        ("multidiscrete", {"vf_clip_coef": 0.2, "learning_rate": 3e-3}),
+    ],
+)
+def test_whole_updates_match_autograd(space: str, options: dict) -> None:
+    """Several updates (epochs, minibatches, clipping, Adam, the KL stop) with each
+    backend from the same start end at the same weights and metrics."""
+    policy = make_policy(space)
+    twin = copy.deepcopy(policy)
+    config = PPOConfig(update_epochs=4, num_minibatches=4, **options)
+    numpy_update = PPOUpdate(policy, config, seed=5)
+    torch_update = PPOUpdate(twin, config, seed=5)
+    torch_update.gradients = TorchGradients(twin, config, torch_update.optimizers)
+    assert isinstance(numpy_update.gradients, NumpyGradients)
+    for i in range(3):
+        rollout = make_rollout(policy, space)
+        got = numpy_update(policy, rollout, i / 3)
+        want = torch_update(twin, copy.deepcopy(rollout), i / 3)
+        assert got.keys() == want.keys()
+        for name in got:
+            np.testing.assert_allclose(got[name], want[name], rtol=2e-3, atol=1e-5, err_msg=name)
+        for (name, p), q in zip(policy.named_parameters(), twin.parameters(), strict=True):
+            np.testing.assert_allclose(
+                p.detach().numpy(), q.detach().numpy(), rtol=1e-3, atol=1e-5, err_msg=name
+            )

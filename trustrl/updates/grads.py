@@ -1,0 +1,359 @@
+"""One PPO minibatch's losses and their gradients: autograd, or by hand in numpy.
+
+The update loop (ppo.py) asks a backend for the policy terms (loss, entropy, KL estimate,
+clip fraction), the value loss, and then the flat gradient of each optimizer's loss.
+
+* ``TorchGradients`` builds the losses of losses.py on the Policy and runs autograd. It
+  serves every policy (per-agent actors, agent ids, global-state critics) and is the
+  reference the numpy backend is tested against.
+* ``NumpyGradients`` does the same arithmetic with a hand-written backward pass, for
+  the policies single-agent training uses: MLP actor and critic on the observation,
+  categorical, multi-categorical or diagonal Gaussian head. Why by hand: a CartPole-sized
+  minibatch step is some 550 small torch ops (autograd's included) at a few microseconds
+  of dispatch each, several times the arithmetic; numpy's per-op cost is about a
+  microsecond and the backward of an MLP is a handful of matmuls. The weights and the
+  gradients are numpy views of the optimizers' flat torch buffers (optim.py): no copies.
+  ``tests/test_grads.py`` checks losses and gradients against ``TorchGradients`` for every
+  head, activation, mask and loss option, and whole updates against each other.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from trustrl.config import PPOConfig
+from trustrl.distributions import (
+    MASKED_LOGIT,
+    CategoricalHead,
+    DiagGaussianHead,
+    MultiCategoricalHead,
+)
+from trustrl.losses import (
+    approx_kl,
+    clip_fraction,
+    clipped_surrogate,
+    normalize_advantages,
+    value_loss,
+)
+from trustrl.optim import Adam
+from trustrl.policy import Policy
+from trustrl.rollout import Batch
+
+_LOG_SQRT_2PI = np.float32(0.5 * math.log(2 * math.pi))
+
+
+class Gradients(Protocol):
+    def bind(self) -> None:
+        """Called at the start of every update: the optimizers' buffers may be new."""
+
+    def policy_terms(self, mb: Batch, clip_coef: float) -> tuple[float, float, float, float]:
+        """(surrogate loss, mean entropy, approx KL, clip fraction); keeps what the
+        gradient needs."""
+
+    def value_term(self, mb: Batch) -> float:
+        """The value loss; keeps what the gradient needs."""
+
+    def gradient(self, key: str, policy: bool, value: bool) -> Tensor | None:
+        """The flat gradient (in ``optimizers[key]``'s layout) of that optimizer's loss
+        made of the last policy terms (``policy - ent_coef * entropy``) and/or value term
+        (times ``vf_coef`` when one optimizer holds both networks)."""
+
+
+def make_gradients(policy: Policy, config: PPOConfig, optimizers: dict[str, Adam]) -> Gradients:
+    if NumpyGradients.supports(policy):
+        return NumpyGradients(policy, config, optimizers)
+    return TorchGradients(policy, config, optimizers)
+
+
+class TorchGradients:
+    """Autograd on the Policy (every policy)."""
+
+    def __init__(self, policy: Policy, config: PPOConfig, optimizers: dict[str, Adam]) -> None:
+        self.policy, self.config, self.optimizers = policy, config, optimizers
+        self.terms: dict[str, Tensor] = {}
+
+    def bind(self) -> None:
+        self.terms = {}
+
+    def policy_terms(self, mb: Batch, clip_coef: float) -> tuple[float, float, float, float]:
+        policy = self.policy
+        params = policy.dist_params(mb.obs, mb.action_mask, mb.agent)
+        logprob = policy.head.log_prob(params, mb.actions)
+        advantages = normalize_advantages(mb.advantages) if self.config.norm_adv else mb.advantages
+        loss, log_ratio = clipped_surrogate(logprob, mb.logprob, advantages, clip_coef)
+        if self.config.ent_coef:
+            entropy = policy.head.entropy(params).mean()
+        else:  # reported, not trained on: keep it out of the backward pass
+            with torch.no_grad():
+                entropy = policy.head.entropy(params).mean()
+        self.terms["policy"], self.terms["entropy"] = loss, entropy
+        with torch.no_grad():  # one synchronizing read for all four
+            values = torch.stack(
+                [loss, entropy, approx_kl(log_ratio), clip_fraction(log_ratio, clip_coef)]
+            ).tolist()
+        return values[0], values[1], values[2], values[3]
+
+    def value_term(self, mb: Batch) -> float:
+        new_values = self.policy.value_raw(mb.obs, mb.critic_obs, mb.agent)
+        loss = value_loss(new_values, mb.values, mb.returns, self.config.vf_clip_coef)
+        self.terms["value"] = loss
+        return float(loss.detach())
+
+    def gradient(self, key: str, policy: bool, value: bool) -> Tensor | None:
+        cfg = self.config
+        loss: Tensor | None = None
+        if policy:
+            loss = self.terms["policy"]
+            if cfg.ent_coef:
+                loss = loss - cfg.ent_coef * self.terms["entropy"]
+        if value:
+            scaled = self.terms["value"] * (cfg.vf_coef if key == "all" else 1.0)
+            loss = scaled if loss is None else loss + scaled
+        if loss is None:
+            return None
+        opt = self.optimizers[key]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        return opt.flat_grad()
+
+
+class NumpyGradients:
+    """The same losses and gradients in numpy, for MLP policies on single observations."""
+
+    @staticmethod
+    def supports(policy: Policy) -> bool:
+        head = policy.head
+        gaussian_ok = not isinstance(head, DiagGaussianHead) or head.log_std.dim() == 1
+        return (
+            not policy.per_agent
+            and not policy.agent_id
+            and policy.critic_dim is None
+            and isinstance(head, CategoricalHead | MultiCategoricalHead | DiagGaussianHead)
+            and gaussian_ok
+            and policy.config.activation in ("tanh", "relu")
+        )
+
+    def __init__(self, policy: Policy, config: PPOConfig, optimizers: dict[str, Adam]) -> None:
+        assert self.supports(policy)
+        self.policy, self.config, self.optimizers = policy, config, optimizers
+        self.tanh = policy.config.activation == "tanh"
+        head: Any = policy.head
+        self.gaussian = isinstance(head, DiagGaussianHead)
+        # Categorical heads as (start, stop) column blocks: one, or one per component.
+        nvec = head.nvec if isinstance(head, MultiCategoricalHead) else [head.linear.out_features]
+        self.blocks = list(itertools.pairwise(np.cumsum([0, *nvec]).tolist()))
+        self.actor_layers = [m for m in policy.actor.modules() if isinstance(m, nn.Linear)]
+        self.actor_layers.append(head.linear)
+        self.critic_layers = [m for m in policy.critic.modules() if isinstance(m, nn.Linear)]
+        self.bind()
+
+    def bind(self) -> None:
+        """Numpy views of the current weights and of one flat gradient buffer per optimizer
+        (the buffers move when an optimizer grows or is built anew)."""
+
+        def weights(layers: list[nn.Linear]) -> list[tuple[np.ndarray, np.ndarray]]:
+            return [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in layers]
+
+        self.actor = weights(self.actor_layers)
+        self.critic = weights(self.critic_layers)
+        head: Any = self.policy.head
+        self.log_std = head.log_std.detach().numpy() if self.gaussian else None
+        self.flat_grads: dict[str, Tensor] = {}
+        grad_of: dict[int, tuple[str, np.ndarray]] = {}
+        for key, opt in self.optimizers.items():
+            flat = torch.zeros_like(opt.flat)
+            self.flat_grads[key] = flat
+            for param, view in zip(opt.params, opt.views(flat), strict=True):
+                grad_of[id(param)] = (key, view.numpy())
+
+        def grads(layers: list[nn.Linear]) -> list[tuple[str, np.ndarray, np.ndarray]]:
+            out = []
+            for m in layers:
+                key, weight = grad_of[id(m.weight)]
+                key_b, bias = grad_of[id(m.bias)]
+                assert key == key_b
+                out.append((key, weight, bias))
+            return out
+
+        self.actor_grads = grads(self.actor_layers)
+        self.critic_grads = grads(self.critic_layers)
+        self.log_std_grad = grad_of[id(head.log_std)] if self.gaussian else None
+        self.actor_key = self.actor_grads[0][0]
+        self.critic_key = self.critic_grads[0][0]
+
+    # Forward and backward through an MLP.
+
+    def _forward(
+        self, layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray
+    ) -> list[np.ndarray]:
+        """Every layer's input, then the output (the last layer has no activation)."""
+        hidden = [x]
+        for i, (weight, bias) in enumerate(layers):
+            y = hidden[-1] @ weight.T
+            y += bias
+            if i < len(layers) - 1:
+                if self.tanh:
+                    np.tanh(y, out=y)
+                else:
+                    np.maximum(y, np.float32(0.0), out=y)
+            hidden.append(y)
+        return hidden
+
+    def _backward(
+        self,
+        layers: list[tuple[np.ndarray, np.ndarray]],
+        grads: list[tuple[str, np.ndarray, np.ndarray]],
+        hidden: list[np.ndarray],
+        d_out: np.ndarray,
+    ) -> None:
+        """Write the weight gradients given the output's gradient (into the flat buffers)."""
+        delta = d_out
+        for i in range(len(layers) - 1, -1, -1):
+            _, grad_weight, grad_bias = grads[i]
+            np.matmul(delta.T, hidden[i], out=grad_weight)
+            np.sum(delta, axis=0, out=grad_bias)
+            if i == 0:
+                break
+            delta = delta @ layers[i][0]
+            h = hidden[i]  # the activation's output, which feeds layer i
+            if self.tanh:
+                delta *= 1.0 - h * h
+            else:
+                delta *= h > 0
+
+    # The losses.
+
+    def policy_terms(self, mb: Batch, clip_coef: float) -> tuple[float, float, float, float]:
+        obs = mb.obs.numpy()
+        actions = mb.actions.numpy()
+        advantages = mb.advantages.numpy()
+        old_logprob = mb.logprob.numpy()
+        n = len(obs)
+        hidden = self._forward(self.actor, obs)
+        out = hidden[-1]
+        if self.gaussian:
+            assert self.log_std is not None
+            inv_std = np.exp(-self.log_std)
+            z = (actions - out) * inv_std
+            logprob = (np.float32(-0.5) * z * z - self.log_std - _LOG_SQRT_2PI).sum(-1)
+            entropy = float(np.sum(np.float32(0.5) + _LOG_SQRT_2PI + self.log_std))
+            cache: tuple = (z, inv_std)
+        else:
+            mask = mb.action_mask.numpy() if mb.action_mask is not None else None
+            if mask is not None:
+                out = np.where(mask, out, np.float32(MASKED_LOGIT))
+            log_probs = np.empty_like(out)
+            rows = np.arange(n)
+            logprob = np.zeros(n, dtype=np.float32)
+            row_entropy = np.zeros(n, dtype=np.float32)
+            for i, (lo, hi) in enumerate(self.blocks):
+                block = out[:, lo:hi]
+                shifted = block - block.max(-1, keepdims=True)
+                log_probs[:, lo:hi] = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+                taken = actions if actions.ndim == 1 else actions[:, i]
+                logprob += log_probs[rows, lo + taken]
+            probs = np.exp(log_probs)
+            plogp = probs * log_probs
+            for lo, hi in self.blocks:
+                row_entropy -= plogp[:, lo:hi].sum(-1)
+            entropy = float(row_entropy.mean())
+            cache = (probs, log_probs, mask)
+
+        if self.config.norm_adv:
+            if n < 2:
+                advantages = advantages - advantages.mean()
+            else:
+                advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)
+        log_ratio = logprob - old_logprob
+        ratio = np.exp(log_ratio)
+        unclipped = ratio * advantages
+        clipped = np.clip(ratio, 1.0 - clip_coef, 1.0 + clip_coef) * advantages
+        loss = -float(np.minimum(unclipped, clipped).mean())
+        kl = float((ratio - 1.0 - log_ratio).mean())
+        fraction = float((np.abs(ratio - 1.0) > clip_coef).mean())
+        # d loss / d logprob: the unclipped branch's gradient where min picks it (ties too:
+        # both branches then carry the same gradient), zero where the clipped one is flat.
+        d_logprob = np.where(unclipped <= clipped, -(advantages * ratio) / n, np.float32(0.0))
+        self._policy = (hidden, actions, d_logprob.astype(np.float32), cache)
+        return loss, entropy, kl, fraction
+
+    def value_term(self, mb: Batch) -> float:
+        hidden = self._forward(self.critic, mb.obs.numpy())
+        values = hidden[-1][:, 0]
+        returns = mb.returns.numpy()
+        n = len(values)
+        error = values - returns
+        unclipped = error * error
+        d_values = (2.0 / n) * error
+        clip = self.config.vf_clip_coef
+        if clip is None:
+            loss = float(unclipped.mean())
+        else:
+            old = mb.values.numpy()
+            clipped_values = old + np.clip(values - old, -clip, clip)
+            clipped_error = clipped_values - returns
+            clipped = clipped_error * clipped_error
+            loss = float(np.maximum(unclipped, clipped).mean())
+            inside = np.abs(values - old) <= clip
+            d_clipped = (2.0 / n) * clipped_error * inside
+            # torch.max's gradient: the larger branch's, split evenly on a tie.
+            d_values = np.where(
+                unclipped > clipped,
+                d_values,
+                np.where(unclipped < clipped, d_clipped, 0.5 * (d_values + d_clipped)),
+            )
+        self._value = (hidden, d_values.astype(np.float32))
+        return loss
+
+    def gradient(self, key: str, policy: bool, value: bool) -> Tensor | None:
+        wrote_actor = policy and self.actor_key == key
+        wrote_critic = value and self.critic_key == key
+        if not (wrote_actor or wrote_critic):
+            return None
+        flat = self.flat_grads[key]
+        if not (wrote_actor and wrote_critic) and self.actor_key == self.critic_key:
+            flat.zero_()  # one optimizer, one loss term: the other network's gradient is 0
+        if wrote_actor:
+            self._policy_backward()
+        if wrote_critic:
+            hidden, d_values = self._value
+            scale = self.config.vf_coef if self.actor_key == self.critic_key else 1.0
+            self._backward(self.critic, self.critic_grads, hidden, (scale * d_values)[:, None])
+        return flat
+
+    def _policy_backward(self) -> None:
+        hidden, actions, d_logprob, cache = self._policy
+        ent_coef = np.float32(self.config.ent_coef)
+        n = len(d_logprob)
+        if self.gaussian:
+            z, inv_std = cache
+            d_out = d_logprob[:, None] * z * inv_std
+            assert self.log_std_grad is not None
+            _, grad_log_std = self.log_std_grad
+            # d logprob / d log_std = z^2 - 1; the entropy's is 1 per dimension.
+            np.sum(d_logprob[:, None] * (z * z - 1.0), axis=0, out=grad_log_std)
+            grad_log_std -= ent_coef
+        else:
+            probs, log_probs, mask = cache
+            # d logprob / d logits = onehot(action) - softmax, per block.
+            d_out = -d_logprob[:, None] * probs
+            rows = np.arange(n)
+            for i, (lo, _) in enumerate(self.blocks):
+                taken = actions if actions.ndim == 1 else actions[:, i]
+                d_out[rows, lo + taken] += d_logprob
+            if ent_coef:
+                # d entropy / d logits_j = -p_j (log p_j + H) within each block.
+                block_entropy = np.empty_like(log_probs)
+                plogp = probs * log_probs
+                for lo, hi in self.blocks:
+                    block_entropy[:, lo:hi] = -plogp[:, lo:hi].sum(-1, keepdims=True)
+                d_out += (ent_coef / n) * probs * (log_probs + block_entropy)
+            if mask is not None:
+                d_out *= mask  # masked logits were replaced by a constant
+        self._backward(self.actor, self.actor_grads, hidden, d_out.astype(np.float32))
