@@ -21,7 +21,12 @@ from trustrl.optim import Adam
 from trustrl.policy import Policy
 from trustrl.rollout import Batch, Rollout
 from trustrl.spaces import SpaceSpec
-from trustrl.updates.grads import NumpyGradients, TorchGradients, make_gradients
+from trustrl.updates.grads import (
+    LossSettings,
+    NumpyGradients,
+    TorchGradients,
+    make_gradients,
+)
 from trustrl.updates.ppo import PPOUpdate
 
 OBS_DIM, ROWS = 5, 40
@@ -96,7 +101,7 @@ def test_terms_and_gradients_match_autograd(
     policy = make_policy(space, activation)
     batch = make_batch(policy, masked)
     lrs = {"pi_lr": 1e-3, "vf_lr": 1e-3} if separate else {}
-    config = PPOConfig(**options, **lrs)
+    config = LossSettings.of(PPOConfig(**options, **lrs))
     opts = optimizers(policy, separate)
     reference = TorchGradients(policy, config, opts)
     mine = NumpyGradients(policy, config, opts)
@@ -133,7 +138,7 @@ def test_ties_of_the_clipped_branches_carry_the_full_gradient() -> None:
     with torch.no_grad():
         batch.logprob = policy.head.log_prob(policy.dist_params(batch.obs), batch.actions)
         batch.values = policy.value_raw(batch.obs)
-    config = PPOConfig(vf_clip_coef=0.2)
+    config = LossSettings(vf_clip_coef=0.2)
     opts = optimizers(policy, separate=False)
     reference, mine = TorchGradients(policy, config, opts), NumpyGradients(policy, config, opts)
     assert mine.policy_terms(batch, 0.2)[3] == 0.0
@@ -147,7 +152,7 @@ def test_ties_of_the_clipped_branches_carry_the_full_gradient() -> None:
 
 
 def test_the_backend_follows_the_policy() -> None:
-    config = PPOConfig()
+    config = LossSettings()
     for space in SPACES:
         policy = make_policy(space)
         assert isinstance(make_gradients(policy, config, optimizers(policy, False)), NumpyGradients)
@@ -196,7 +201,7 @@ def test_whole_updates_match_autograd(space: str, options: dict) -> None:
     config = PPOConfig(update_epochs=4, num_minibatches=4, **options)
     numpy_update = PPOUpdate(policy, config, seed=5)
     torch_update = PPOUpdate(twin, config, seed=5)
-    torch_update.gradients = TorchGradients(twin, config, torch_update.optimizers)
+    torch_update.gradients = TorchGradients(twin, LossSettings.of(config), torch_update.optimizers)
     assert isinstance(numpy_update.gradients, NumpyGradients)
     for i in range(3):
         rollout = make_rollout(policy, space)
@@ -209,3 +214,26 @@ def test_whole_updates_match_autograd(space: str, options: dict) -> None:
             np.testing.assert_allclose(
                 p.detach().numpy(), q.detach().numpy(), rtol=1e-3, atol=1e-5, err_msg=name
             )
+
+
+def test_trpo_critic_fit_matches_autograd() -> None:
+    """TRPO fits its critic with the same backends; its actor has no optimizer."""
+    from trustrl.config import TRPOConfig
+    from trustrl.updates.trpo import TRPOUpdate
+
+    policy = make_policy("box")
+    twin = copy.deepcopy(policy)
+    config = TRPOConfig(train_vf_iters=5, minibatches=4)
+    numpy_update = TRPOUpdate(policy, config, seed=2)
+    torch_update = TRPOUpdate(twin, config, seed=2)
+    assert isinstance(numpy_update.gradients, NumpyGradients)
+    torch_update.gradients = TorchGradients(twin, LossSettings(), {"vf": torch_update.vf_optimizer})
+    rollout = make_rollout(policy, "box")
+    batch = rollout.flat()
+    got = numpy_update.fit_critic(policy, batch)
+    want = torch_update.fit_critic(twin, rollout.flat())
+    np.testing.assert_allclose(
+        [got["loss_v"], got["delta_loss_v"]], [want["loss_v"], want["delta_loss_v"]], rtol=1e-4
+    )
+    for p, q in zip(policy.parameters(), twin.parameters(), strict=True):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-4, atol=1e-6)

@@ -21,7 +21,7 @@ from trustrl.losses import explained_variance
 from trustrl.optim import Adam, clip_grad_norm
 from trustrl.policy import Policy
 from trustrl.rollout import Rollout
-from trustrl.updates.grads import Gradients, make_gradients
+from trustrl.updates.grads import Gradients, LossSettings, make_gradients
 
 
 class PPOUpdate:
@@ -42,7 +42,7 @@ class PPOUpdate:
         else:
             self.base_lr = {"all": config.learning_rate}
             self.optimizers = {"all": Adam(policy.parameters(), lr=config.learning_rate, eps=1e-5)}
-        self.gradients: Gradients = make_gradients(policy, config, self.optimizers)
+        self.gradients: Gradients = make_gradients(policy, LossSettings.of(config), self.optimizers)
 
     def register_agent(self, grown: list[tuple[nn.Parameter, nn.Parameter, int]]) -> None:
         """Extend optimizer state for parameters that ``Policy.register_agent`` grew."""

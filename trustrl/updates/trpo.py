@@ -18,10 +18,11 @@ from torch import Tensor
 from torch.nn.utils import parameters_to_vector
 
 from trustrl.config import TRPOConfig
-from trustrl.losses import explained_variance, normalize_advantages, value_loss
+from trustrl.losses import explained_variance, normalize_advantages
 from trustrl.optim import Adam
 from trustrl.policy import Policy
 from trustrl.rollout import Batch, Rollout
+from trustrl.updates.grads import LossSettings, make_gradients
 
 
 def conjugate_gradient(
@@ -111,6 +112,8 @@ class TRPOUpdate:
         self.config = config
         self.generator = torch.Generator().manual_seed(seed)
         self.vf_optimizer = Adam(policy.critic_parameters(), lr=config.vf_lr, eps=1e-5)
+        # The critic's plain squared error, by the PPO update's gradient backends.
+        self.gradients = make_gradients(policy, LossSettings(), {"vf": self.vf_optimizer})
 
     def register_agent(
         self, grown: list[tuple[torch.nn.Parameter, torch.nn.Parameter, int]]
@@ -210,18 +213,18 @@ class TRPOUpdate:
 
     def fit_critic(self, policy: Policy, batch: Batch) -> dict[str, float]:
         cfg = self.config
+        grads = self.gradients
+        grads.bind()
         epoch_losses: list[float] = []
         for _ in range(cfg.train_vf_iters):
             losses = []
             for mb in batch.minibatches(cfg.minibatches, self.generator):
-                prediction = policy.value_raw(mb.obs, mb.critic_obs, mb.agent)
-                loss = value_loss(prediction, mb.values, mb.returns)
-                value = loss.item()
+                value = grads.value_term(mb)
                 if not math.isfinite(value):
                     continue
-                self.vf_optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                self.vf_optimizer.step()
+                grad = grads.gradient("vf", policy=False, value=True)
+                assert grad is not None
+                self.vf_optimizer.step(grad)
                 losses.append(value)
             if losses:
                 epoch_losses.append(sum(losses) / len(losses))
