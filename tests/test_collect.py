@@ -55,11 +55,17 @@ def known_value(obs: torch.Tensor, *_: object) -> torch.Tensor:
 
 def use_known_value(monkeypatch: pytest.MonkeyPatch) -> None:
     """The collector's critic (numpy inference, see trustrl/inference.py) -> known_value."""
+    original = Inference._outputs
 
-    def value(self: Inference, x: np.ndarray, *_: object) -> np.ndarray:
+    def raw_value(self: Inference, x: np.ndarray, *_: object) -> np.ndarray:
         return known_value(torch.from_numpy(x)).numpy()
 
-    monkeypatch.setattr(Inference, "value", value)
+    def outputs(self: Inference, x: np.ndarray, *args: object) -> tuple[np.ndarray, np.ndarray]:
+        head_out, _ = original(self, x, *args)  # type: ignore[arg-type]
+        return head_out, raw_value(self, x)
+
+    monkeypatch.setattr(Inference, "_raw_value", raw_value)
+    monkeypatch.setattr(Inference, "_outputs", outputs)
 
 
 def known_value_np(obs: np.ndarray) -> float:

@@ -148,10 +148,8 @@ class Collector:
         stats = EpisodeStats()
         for t in range(rollouts[0].num_steps):
             actions = [
-                self._act(lane, policy, inference, view, t, train)
-                for lane, policy, inference, view in zip(
-                    self.lanes, policies, inferences, views, strict=True
-                )
+                self._act(lane, inference, view, t, train)
+                for lane, inference, view in zip(self.lanes, inferences, views, strict=True)
             ]
             observed, steps = self.rows.step(actions)
             for lane, view, step, after in zip(self.lanes, views, steps, observed, strict=True):
@@ -167,28 +165,26 @@ class Collector:
                 lane.resetting = done
                 lane.observe(after)
 
-        for lane, policy, inference, rollout in zip(
-            self.lanes, policies, inferences, rollouts, strict=True
-        ):
-            x, critic_x = self._inputs(lane, policy, update=False)
+        for lane, inference, rollout in zip(self.lanes, inferences, rollouts, strict=True):
+            x, critic_x = self._inputs(lane, inference, update=False)
             rollout.last_value.numpy()[:] = inference.value(x, critic_x, lane.agent)
         return stats
 
     def _inputs(
-        self, lane: _Lane, policy: Policy, update: bool
+        self, lane: _Lane, inference: Inference, update: bool
     ) -> tuple[np.ndarray, np.ndarray | None]:
+        norm, critic_norm = inference.obs_normalizer, inference.critic_normalizer
         if update:
             # Rows of agents that finished while others play on repeat their final
             # observation: keep them out of the statistics.
             live = lane.alive
-            if policy.obs_normalizer is not None:
-                policy.obs_normalizer.update(lane.obs if live is None else lane.obs[live])
-            if policy.critic_normalizer is not None and lane.critic_obs is not None:
+            if norm is not None:
+                norm.update(lane.obs if live is None else lane.obs[live])
+            if critic_norm is not None and lane.critic_obs is not None:
                 state = lane.critic_obs
-                policy.critic_normalizer.update(state if live is None else state[live])
-        norm = policy.obs_normalizer
+                critic_norm.update(state if live is None else state[live])
         x = norm.normalize_array(lane.obs) if norm is not None else lane.obs
-        critic_norm, critic = policy.critic_normalizer, lane.critic_obs
+        critic = lane.critic_obs
         if critic is not None and critic_norm is not None:
             critic = critic_norm.normalize_array(critic)
         return x, critic
@@ -196,13 +192,12 @@ class Collector:
     def _act(
         self,
         lane: _Lane,
-        policy: Policy,
         inference: Inference,
         view: dict[str, np.ndarray],
         t: int,
         train: bool,
     ) -> np.ndarray:
-        x, critic_x = self._inputs(lane, policy, update=train)
+        x, critic_x = self._inputs(lane, inference, update=train)
         actions, logprob, value = inference.step(x, lane.mask, self.rng, critic_x, lane.agent)
         valid = ~lane.resetting if lane.alive is None else ~lane.resetting & lane.alive
         view["obs"][t] = x

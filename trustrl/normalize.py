@@ -9,6 +9,8 @@ inputs). The same class scales rewards by the spread of the discounted return.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -42,7 +44,8 @@ class RunningMeanStd(nn.Module):
         """(mean, var, count) as numpy views of the buffers (cached while they are the same
         tensors; ``load_state_dict`` copies in place, so the views stay valid)."""
         cached = self._arrays
-        if cached is None or cached[0] is not self.mean:
+        # _buffers directly: nn.Module's attribute lookup is slow for a per-step call.
+        if cached is None or cached[0] is not self._buffers["mean"]:
             views = (self.mean.numpy(), self.var.numpy(), self.count.numpy())
             cached = self._arrays = (self.mean, *views)
         return cached[1], cached[2], cached[3]
@@ -52,23 +55,34 @@ class RunningMeanStd(nn.Module):
 
         In numpy on views of the buffers: the collector calls this every env step, on a
         handful of rows, where a dozen torch ops would cost more than the rest of the step.
+        The count is a Python float here, so the scalar arithmetic costs no numpy calls.
         """
-        batch = np.asarray(batch, dtype=np.float64).reshape(-1, *self.mean.shape)
+        mean, var, count = self.arrays()
+        batch = np.asarray(batch).reshape(-1, *mean.shape)
         n = batch.shape[0]
         if n == 0:
             return
-        mean, var, count = self.arrays()
-        if n == 1:  # one env: skip numpy's general-purpose mean and var
-            batch_mean, batch_var = batch[0], 0.0
+        old = float(count)
+        total = old + n
+        if n == 1 and mean.ndim == 0:  # one scalar (a reward): Python floats throughout
+            delta_ = float(batch[0]) - float(mean)
+            var[...] = float(var) * (old / total) + delta_ * delta_ * (old / (total * total))
+            mean[...] = float(mean) + delta_ / total
+            count[...] = total
+            return
+        if n == 1:  # one env: the batch variance is 0, skip numpy's mean and var
+            delta = batch[0] - mean
+            var *= old / total
+            var += delta * delta * (old / (total * total))
         else:
+            batch = batch.astype(np.float64, copy=False)
             batch_mean = batch.mean(0)
             centered = batch - batch_mean
             batch_var = (centered * centered).mean(0)
-        total = count + n
-        delta = batch_mean - mean
-        new_var = (var * count + batch_var * n + delta * delta * (count * n / total)) / total
+            delta = batch_mean - mean
+            var *= old / total
+            var += batch_var * (n / total) + delta * delta * (old * n / (total * total))
         mean += delta * (n / total)
-        var[...] = new_var
         count[...] = total
 
     def forward(self, x: Tensor) -> Tensor:
@@ -86,6 +100,8 @@ class RunningMeanStd(nn.Module):
     def scale_array(self, x: np.ndarray) -> np.ndarray:
         """Divide by the standard deviation only (reward scaling keeps the sign and offset)."""
         _, var, _ = self.arrays()
+        if var.ndim == 0:  # the reward scale: one number
+            return _clip_(x * (1.0 / math.sqrt(float(var) + self.epsilon)), self.clip)
         return _clip_(x * (1.0 / np.sqrt(var + self.epsilon)), self.clip)
 
 

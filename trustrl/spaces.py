@@ -121,7 +121,8 @@ class SpaceSpec:
         """
         array = np.asarray(actions)
         if self.action_kind == "box":
-            array = np.clip(array, self._low_array, self._high_array)
+            # Two ufuncs: np.clip's Python wrapper costs more than the clip on a few rows.
+            array = np.minimum(np.maximum(array, self._low_array), self._high_array)
             return array.reshape(len(array), *self.env_action_shape)
         return array
 
