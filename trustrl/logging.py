@@ -71,15 +71,25 @@ class TensorBoardWriter:
     """TensorBoard events with the same names as the progress file, x = env steps."""
 
     def __init__(self, folder: Path, purge_step: int | None = None) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # heavy: imported where used
+        # Heavy: imported where used.
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(folder), purge_step=purge_step)
+        self.summary = Summary
+        self.file_writer: Any = self.writer.file_writer  # created by the constructor
         self.flushed = time.monotonic()
 
     def write(self, row: dict[str, float], step: int) -> None:
-        for key, value in row.items():
-            if isinstance(value, int | float) and math.isfinite(value):
-                self.writer.add_scalar(key, value, step)
+        # One event holding every scalar of the row, the form add_scalar gives each one
+        # (simple_value): one protobuf and one queue hand-off per iteration instead of
+        # one per metric, which cost a fast CartPole run 5% of its time.
+        values = [
+            self.summary.Value(tag=key, simple_value=value)
+            for key, value in row.items()
+            if isinstance(value, int | float) and math.isfinite(value)
+        ]
+        self.file_writer.add_summary(self.summary(value=values), step)
         # A flush waits for the writer thread: every iteration, it cost a fast CartPole run
         # about 5 ms per iteration. Every FLUSH_SECONDS and at close is enough for a live
         # TensorBoard; a resume purges events past its checkpoint anyway.

@@ -276,35 +276,39 @@ class NumpyGradients:
             mask = mb.action_mask.numpy() if mb.action_mask is not None else None
             if mask is not None:
                 out = np.where(mask, out, np.float32(MASKED_LOGIT))
-            log_probs = np.empty_like(out)
             rows = np.arange(n)
-            logprob = np.zeros(n, dtype=np.float32)
-            row_entropy = np.zeros(n, dtype=np.float32)
-            for i, (lo, hi) in enumerate(self.blocks):
-                block = out[:, lo:hi]
-                shifted = block - block.max(-1, keepdims=True)
-                log_probs[:, lo:hi] = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-                taken = actions if actions.ndim == 1 else actions[:, i]
-                logprob += log_probs[rows, lo + taken]
+            if len(self.blocks) == 1:  # Discrete: no per-block copies
+                shifted = out - out.max(-1, keepdims=True)
+                log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+                logprob = log_probs[rows, actions]
+            else:
+                log_probs = np.empty_like(out)
+                logprob = np.zeros(n, dtype=np.float32)
+                for i, (lo, hi) in enumerate(self.blocks):
+                    block = out[:, lo:hi]
+                    shifted = block - block.max(-1, keepdims=True)
+                    log_probs[:, lo:hi] = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+                    logprob += log_probs[rows, lo + actions[:, i]]
             probs = np.exp(log_probs)
-            plogp = probs * log_probs
-            for lo, hi in self.blocks:
-                row_entropy -= plogp[:, lo:hi].sum(-1)
-            entropy = float(row_entropy.mean())
+            # The mean over rows of each row's summed entropies: one sum over everything.
+            entropy = -float((probs * log_probs).sum()) / n
             cache = (probs, log_probs, mask)
 
+        # Means as sums / n throughout: ndarray.mean's Python wrapper costs more than the
+        # arithmetic on a minibatch.
         if self.config.norm_adv:
+            centered = advantages - float(advantages.sum()) / n
             if n < 2:
-                advantages = advantages - advantages.mean()
-            else:
-                advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)
+                advantages = centered
+            else:  # torch's std: unbiased
+                advantages = centered / (math.sqrt(float(centered @ centered) / (n - 1)) + 1e-8)
         log_ratio = logprob - old_logprob
         ratio = np.exp(log_ratio)
         unclipped = ratio * advantages
-        clipped = np.clip(ratio, 1.0 - clip_coef, 1.0 + clip_coef) * advantages
-        loss = -float(np.minimum(unclipped, clipped).mean())
-        kl = float((ratio - 1.0 - log_ratio).mean())
-        fraction = float((np.abs(ratio - 1.0) > clip_coef).mean())
+        clipped = np.minimum(np.maximum(ratio, 1.0 - clip_coef), 1.0 + clip_coef) * advantages
+        loss = -float(np.minimum(unclipped, clipped).sum()) / n
+        kl = (float(ratio.sum()) - n - float(log_ratio.sum())) / n
+        fraction = np.count_nonzero(np.abs(ratio - 1.0) > clip_coef) / n
         # d loss / d logprob: the unclipped branch's gradient where min picks it (ties too:
         # both branches then carry the same gradient), zero where the clipped one is flat.
         d_logprob = np.where(unclipped <= clipped, -(advantages * ratio) / n, np.float32(0.0))
@@ -321,13 +325,13 @@ class NumpyGradients:
         d_values = (2.0 / n) * error
         clip = self.config.vf_clip_coef
         if clip is None:
-            loss = float(unclipped.mean())
+            loss = float(unclipped.sum()) / n
         else:
             old = mb.values.numpy()
             clipped_values = old + np.clip(values - old, -clip, clip)
             clipped_error = clipped_values - returns
             clipped = clipped_error * clipped_error
-            loss = float(np.maximum(unclipped, clipped).mean())
+            loss = float(np.maximum(unclipped, clipped).sum()) / n
             inside = np.abs(values - old) <= clip
             d_clipped = (2.0 / n) * clipped_error * inside
             # torch.max's gradient: the larger branch's, split evenly on a tie.
