@@ -82,15 +82,17 @@ def fisher_vector_product(
     """v -> (F + damping I) v at the current actor, F the Hessian of mean KL(old || new).
 
     The Fisher is the Hessian of the KL at zero divergence; Hessian times v is the
-    gradient of (grad KL . v), so one extra backward pass gives the product.
+    gradient of (grad KL . v). The forward pass and the first backward (with its graph)
+    are built once here, for every product of the conjugate gradient (the weights do not
+    move within it): each product is then one backward pass through that graph.
     """
     params = policy.actor_parameters()
+    kl = policy.head.kl(old_params, policy.dist_params(obs, mask, agent)).mean()
+    grads = torch.autograd.grad(kl, params, create_graph=True)
+    flat = torch.cat([g.reshape(-1) for g in grads])
 
     def product(v: Tensor) -> Tensor:
-        kl = policy.head.kl(old_params, policy.dist_params(obs, mask, agent)).mean()
-        grads = torch.autograd.grad(kl, params, create_graph=True)
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        hv = torch.autograd.grad(torch.dot(flat, v), params)
+        hv = torch.autograd.grad(flat, params, grad_outputs=v, retain_graph=True)
         return torch.cat([h.reshape(-1) for h in hv]) + damping * v
 
     return product
