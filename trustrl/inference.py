@@ -34,21 +34,23 @@ _LOG_SQRT_2PI = np.float32(0.5 * math.log(2 * math.pi))
 
 
 class _Linear:
-    """y = x @ W.T + b for one layer; a StackedLinear picks each row's agent's output."""
+    """y = x @ W + b for one layer, W (in, out); a stacked layer holds every agent's weights
+    as (in, A * out) and biases as (A, out), and picks each row's agent's output."""
 
-    def __init__(self, layer: nn.Module) -> None:
+    def __init__(self, weight: np.ndarray, bias: np.ndarray, stacked: bool = False) -> None:
+        self.weight, self.bias, self.stacked = weight, bias, stacked
+        self.out = bias.shape[-1]
+
+    @classmethod
+    def of(cls, layer: nn.Module) -> _Linear:
+        """A snapshot of an nn.Linear or StackedLinear (copies, pre-transposed)."""
         weight = layer.weight.detach().numpy()  # type: ignore[operator]
-        bias = layer.bias.detach().numpy()  # type: ignore[operator]
-        self.stacked = isinstance(layer, StackedLinear)
-        if self.stacked:
+        bias = layer.bias.detach().numpy().copy()  # type: ignore[operator]
+        if isinstance(layer, StackedLinear):
             agents, out, inp = weight.shape
-            self.out = out
             # (in, A * out): one matmul gives every agent's output for every row.
-            self.weight = weight.transpose(2, 0, 1).reshape(inp, agents * out).copy()
-            self.bias = bias.copy()  # (A, out)
-        else:
-            self.weight = weight.T.copy()  # (in, out), C order
-            self.bias = bias.copy()
+            return cls(weight.transpose(2, 0, 1).reshape(inp, agents * out).copy(), bias, True)
+        return cls(weight.T.copy(), bias)  # (in, out), C order
 
     def __call__(self, x: np.ndarray, agent: np.ndarray | None) -> np.ndarray:
         y = x @ self.weight
@@ -62,8 +64,8 @@ class _Linear:
 
 def _mlp(module: nn.Module) -> list[_Linear]:
     if isinstance(module, StackedMLP):
-        return [_Linear(layer) for layer in module.layers]
-    return [_Linear(layer) for layer in module.modules() if isinstance(layer, nn.Linear)]
+        return [_Linear.of(layer) for layer in module.layers]
+    return [_Linear.of(layer) for layer in module.modules() if isinstance(layer, nn.Linear)]
 
 
 def _log_softmax(logits: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
@@ -86,20 +88,16 @@ def _fused(actor: list[_Linear], head: _Linear, critic: list[_Linear]) -> list[_
     [head outputs | value]: the first layer side by side, the others block-diagonal. Per
     env step that is half the matmuls and activations; the zero blocks cost nothing that
     a few rows would notice."""
-    actor_layers = [*actor, head]
     fused = []
-    for i, (a, c) in enumerate(zip(actor_layers, critic, strict=True)):
-        layer = _Linear.__new__(_Linear)
-        layer.stacked = False
+    for i, (a, c) in enumerate(zip([*actor, head], critic, strict=True)):
         if i == 0:
-            layer.weight = np.concatenate([a.weight, c.weight], 1)
+            weight = np.concatenate([a.weight, c.weight], 1)
         else:
             (a_in, a_out), (c_in, c_out) = a.weight.shape, c.weight.shape
-            layer.weight = np.zeros((a_in + c_in, a_out + c_out), dtype=a.weight.dtype)
-            layer.weight[:a_in, :a_out] = a.weight
-            layer.weight[a_in:, a_out:] = c.weight
-        layer.bias = np.concatenate([a.bias, c.bias])
-        fused.append(layer)
+            weight = np.zeros((a_in + c_in, a_out + c_out), dtype=a.weight.dtype)
+            weight[:a_in, :a_out] = a.weight
+            weight[a_in:, a_out:] = c.weight
+        fused.append(_Linear(weight, np.concatenate([a.bias, c.bias])))
     return fused
 
 
@@ -116,10 +114,10 @@ class Inference:
         self.per_agent = policy.per_agent
         self.activation = np.tanh if policy.config.activation == "tanh" else _relu
         self.actor = _mlp(policy.actor)
-        self.head = _Linear(policy.head.linear)
+        self.head = _Linear.of(policy.head.linear)
         self.critic = _mlp(policy.critic)
         head = policy.head
-        self.width = self.head.out if self.head.stacked else self.head.weight.shape[1]
+        self.width = self.head.out
         # One network for both when they read the same input (not per-agent actors, not a
         # global-state critic).
         self.fused = (
