@@ -19,6 +19,13 @@ def _loss(model: nn.Module, step: int) -> torch.Tensor:
     return model(x).square().mean() + model(x).sin().sum()
 
 
+def _train(model: nn.Module, opt: Adam, steps: int) -> None:
+    for step in range(steps):
+        opt.zero_grad()
+        _loss(model, step).backward()
+        opt.step()
+
+
 def test_matches_torch_adam_over_many_steps() -> None:
     ours, theirs = _model(0), _model(0)
     opt = Adam(ours.parameters(), lr=3e-3, eps=1e-5)
@@ -37,10 +44,7 @@ def test_matches_torch_adam_over_many_steps() -> None:
 def test_state_dict_round_trip_and_torch_layout() -> None:
     model = _model(1)
     opt = Adam(model.parameters(), lr=1e-3)
-    for step in range(3):
-        opt.zero_grad()
-        _loss(model, step).backward()
-        opt.step()
+    _train(model, opt, 3)
     state = opt.state_dict()
     # Loadable by torch.optim.Adam, and back.
     ref = torch.optim.Adam(model.parameters(), lr=5.0)
@@ -74,10 +78,7 @@ def test_parameters_become_views_of_one_buffer() -> None:
 def test_grow_keeps_moments_and_adds_zeros() -> None:
     model = _model(3)
     opt = Adam(model.parameters(), lr=1e-2)
-    for step in range(2):
-        opt.zero_grad()
-        _loss(model, step).backward()
-        opt.step()
+    _train(model, opt, 2)
     old = model[0].weight
     moments = {k: opt.state[old][k].clone() for k in ("exp_avg", "exp_avg_sq")}
     new = torch.nn.Parameter(torch.cat([old.detach(), torch.zeros(16, 2)], 1))
