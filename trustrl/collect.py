@@ -91,6 +91,15 @@ class _Lane:
         )
 
 
+class _RawSteps:
+    """A rollout's env outcomes as the env reported them, (T, rows) per field."""
+
+    def __init__(self, num_steps: int, rows: int) -> None:
+        self.reward = np.zeros((num_steps, rows))  # float64: episode returns sum these
+        self.terminated = np.zeros((num_steps, rows), dtype=bool)
+        self.truncated = np.zeros((num_steps, rows), dtype=bool)
+
+
 def _copy(array: np.ndarray | None) -> np.ndarray | None:
     return array.copy() if array is not None else None
 
@@ -145,27 +154,29 @@ class Collector:
         # tensors: every per-step write below is a numpy write into the rollout's memory.
         inferences = [Inference(policy) for policy in policies]
         views = [rollout.numpy_views() for rollout in rollouts]
-        stats = EpisodeStats()
-        for t in range(rollouts[0].num_steps):
+        num_steps = rollouts[0].num_steps
+        # Per step only what acting needs: the inputs, the sample, and the env's raw
+        # outcome. Validity, episode bookkeeping and reward scaling are settled per rollout
+        # (``_settle``), as whole-array operations where a step would spend one numpy call
+        # each on a handful of rows.
+        raw = [_RawSteps(num_steps, len(lane.agent)) for lane in self.lanes]
+        for t in range(num_steps):
             actions = [
                 self._act(lane, inference, view, t, train)
                 for lane, inference, view in zip(self.lanes, inferences, views, strict=True)
             ]
             observed, steps = self.rows.step(actions)
-            for lane, view, step, after in zip(self.lanes, views, steps, observed, strict=True):
-                valid = view["valid"][t]
-                reward = np.where(valid, step.reward, 0.0)
-                terminated = step.terminated & valid
-                truncated = step.truncated & valid & ~terminated
-                done = terminated | truncated
-                self._track_episodes(lane, reward, valid, done, stats)
-                view["rewards"][t] = self._scale(lane, reward, valid, done, train)
-                view["terminated"][t] = terminated
-                view["truncated"][t] = truncated
-                lane.resetting = done
+            for lane, out, step, after in zip(self.lanes, raw, steps, observed, strict=True):
+                out.reward[t] = step.reward
+                out.terminated[t] = step.terminated
+                out.truncated[t] = step.truncated
                 lane.observe(after)
 
-        for lane, inference, rollout in zip(self.lanes, inferences, rollouts, strict=True):
+        stats = EpisodeStats()
+        for lane, inference, rollout, view, out in zip(
+            self.lanes, inferences, rollouts, views, raw, strict=True
+        ):
+            self._settle(lane, view, out, stats, train)
             x, critic_x = self._inputs(lane, inference, update=False)
             rollout.last_value.numpy()[:] = inference.value(x, critic_x, lane.agent)
         return stats
@@ -199,17 +210,47 @@ class Collector:
     ) -> np.ndarray:
         x, critic_x = self._inputs(lane, inference, update=train)
         actions, logprob, value = inference.step(x, lane.mask, self.rng, critic_x, lane.agent)
-        valid = ~lane.resetting if lane.alive is None else ~lane.resetting & lane.alive
         view["obs"][t] = x
         if "critic_obs" in view and critic_x is not None:
             view["critic_obs"][t] = critic_x
         view["actions"][t] = actions.reshape(view["actions"][t].shape)
         view["logprob"][t] = logprob
         view["values"][t] = value
-        view["valid"][t] = valid
+        # Alive rows; _settle takes out the reset steps.
+        view["valid"][t] = True if lane.alive is None else lane.alive
         if "action_mask" in view and lane.mask is not None:
             view["action_mask"][t] = lane.mask
         return actions
+
+    def _settle(
+        self,
+        lane: _Lane,
+        view: dict[str, np.ndarray],
+        out: _RawSteps,
+        stats: EpisodeStats,
+        train: bool,
+    ) -> None:
+        """The rollout's validity, rewards and endings from the raw steps; the episodes that
+        ended, in step order; the reward scaling, step by step as it would have run live."""
+        valid = view["valid"]  # (T, rows): alive, from _act
+        # A row's step is the reset step (not trained on) after it ended. An env reports
+        # no reward and no ending on a reset step or for a finished agent's row; the
+        # masks below make sure of it.
+        valid[0] &= ~lane.resetting
+        valid[1:] &= ~(out.terminated[:-1] | out.truncated[:-1])
+        reward = np.where(valid, out.reward, 0.0)
+        terminated = out.terminated & valid
+        truncated = out.truncated & valid & ~terminated
+        done = terminated | truncated
+        view["terminated"][:] = terminated
+        view["truncated"][:] = truncated
+        self._track_episodes(lane, reward, valid, done, stats)
+        if self.reward_scaler is None:
+            view["rewards"][:] = reward
+        else:
+            for t in range(len(reward)):
+                view["rewards"][t] = self._scale(lane, reward[t], valid[t], done[t], train)
+        lane.resetting = done[-1].copy()
 
     def _track_episodes(
         self,
@@ -219,25 +260,28 @@ class Collector:
         done: np.ndarray,
         stats: EpisodeStats,
     ) -> None:
-        lane.episode_return += reward
-        lane.episode_length += valid
-        if not done.any():
-            return
+        """(T, rows) arrays: episodes that ended are reported; the rest carry over."""
+        start = np.zeros(reward.shape[1], dtype=np.int64)  # first step of each row's episode
         names = lane.agent_names
-        for row in np.flatnonzero(done):
-            stats.returns.append(float(lane.episode_return[row]))
-            stats.lengths.append(int(lane.episode_length[row]))
+        for t, row in np.argwhere(done):  # in step order
+            begin = start[row]
+            episode_return = lane.episode_return[row] + reward[begin : t + 1, row].sum()
+            stats.returns.append(float(episode_return))
+            stats.lengths.append(int(lane.episode_length[row] + valid[begin : t + 1, row].sum()))
             stats.agents.append(names[row % len(names)])
-        lane.episode_return[done] = 0.0
-        lane.episode_length[done] = 0
+            lane.episode_return[row] = lane.episode_length[row] = 0
+            start[row] = t + 1
+        unfinished = np.arange(len(reward))[:, None] >= start
+        lane.episode_return += np.where(unfinished, reward, 0.0).sum(0)
+        lane.episode_length += (valid & unfinished).sum(0)
 
     def _scale(
         self, lane: _Lane, reward: np.ndarray, valid: np.ndarray, done: np.ndarray, train: bool
     ) -> np.ndarray:
-        """Reward / std(discounted return) (Engstrom et al. 2020's reward scaling)."""
+        """Reward / std(discounted return) (Engstrom et al. 2020's reward scaling), for one
+        step's rows."""
         scaler = self.reward_scaler
-        if scaler is None:
-            return reward
+        assert scaler is not None
         lane.discounted_return = lane.discounted_return * self.gamma + reward
         if train:
             scaler.update(lane.discounted_return[valid])

@@ -129,7 +129,10 @@ class Inference:
             self.kind = "gaussian"
             self.log_std = head.log_std.detach().numpy().copy()
             self.std = np.exp(self.log_std)
-            self.inv_std = np.exp(-self.log_std)
+            # log N(a; mu, std) = -z.z / 2 - (sum(log std) + k log sqrt(2 pi)), where z is
+            # the standard normal draw that made a = mu + std z: the constant per agent.
+            k = self.log_std.shape[-1]
+            self.log_norm = self.log_std.sum(-1) + k * _LOG_SQRT_2PI
         elif isinstance(head, MultiCategoricalHead):
             self.kind = "multi"
             self.splits = np.cumsum(head.nvec)[:-1]
@@ -196,13 +199,11 @@ class Inference:
             logprob = np.sum([b[rows, actions[:, i]] for i, b in enumerate(blocks)], axis=0)
         else:
             per_agent = self.log_std.ndim == 2
-            log_std = self.log_std[agent] if per_agent else self.log_std
             std = self.std[agent] if per_agent else self.std
-            inv_std = self.inv_std[agent] if per_agent else self.inv_std
-            noise = rng.standard_normal(out.shape, dtype=np.float32)
-            actions = out + noise * std
-            z = (actions - out) * inv_std
-            logprob = (np.float32(-0.5) * z * z - log_std - _LOG_SQRT_2PI).sum(-1)
+            log_norm = self.log_norm[agent] if per_agent else self.log_norm
+            z = rng.standard_normal(out.shape, dtype=np.float32)
+            actions = out + z * std
+            logprob = np.einsum("ij,ij->i", z, z) * np.float32(-0.5) - log_norm
         return actions, logprob.astype(np.float32), self._denormalize(raw_value)
 
     def value(
