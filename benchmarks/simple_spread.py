@@ -63,6 +63,8 @@ PRESET_STEPS = 2_000_000
 VARIANTS: dict[str, dict[str, str]] = {
     "mappo": {"critic_input": "global"},  # actors as the config says
     "ippo": {"critic_input": "local"},
+    "mappo-as": {"critic_input": "agent_state"},  # MAPPO's agent-specific global state
+    "mappo-centric": {"critic_input": "agent_centric"},
     "mappo-per-agent": {"critic_input": "global", "actor": "per_agent"},
     "ippo-per-agent": {"critic_input": "local", "actor": "per_agent"},
     "mappo-shared": {"critic_input": "global", "actor": "shared"},

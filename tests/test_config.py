@@ -107,7 +107,12 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("target_return", math.inf, ("target_return", "inf"), {}),
     ("target_return", float("nan"), ("target_return", "nan"), {}),
     ("multiagent.actor", "each", ("multiagent.actor", "shared, per_agent", "'each'"), {}),
-    ("multiagent.critic_input", "all", ("multiagent.critic_input", "global, local", "'all'"), {}),
+    (
+        "multiagent.critic_input",
+        "all",
+        ("multiagent.critic_input", "global, agent_state, agent_centric, local", "'all'"),
+        {},
+    ),
 ]
 
 # Fields that take any value of their type (flags, free strings): nothing to refuse.

@@ -359,6 +359,57 @@ def test_global_critic_input_without_state_concatenates_observations(with_state:
     rows.close()
 
 
+@pytest.mark.parametrize("env_id", [SPREAD, SCRIPTED])
+def test_agent_state_critic_input_is_the_global_state_then_the_own_observation(
+    env_id: str, tmp_path: Path
+) -> None:
+    rows = rows_env(env_id, 2, critic_input="agent_state")
+    glob = rows_env(env_id, 2)
+    observed, expected = rows.reset(seed=3), glob.reset(seed=3)
+    [group] = rows.groups
+    state_dim = glob.groups[0].critic_dim
+    assert state_dim is not None and group.critic_dim == state_dim + group.spec.obs_dim
+    for step in range(6):  # SCRIPTED: through agents finishing and an env reset
+        critic, obs = observed[0].critic_obs, observed[0].obs
+        assert critic is not None and critic.shape == (6, state_dim + group.spec.obs_dim)
+        np.testing.assert_array_equal(critic[:, :state_dim], expected[0].critic_obs, f"{step}")
+        np.testing.assert_array_equal(critic[:, state_dim:], obs, f"step {step}")
+        actions = [torch.as_tensor(np.arange(6) % 2)]
+        (observed, _), (expected, _) = rows.step(actions), glob.step(actions)
+    rows.close()
+    glob.close()
+    t = trainer(env_id, tmp_path, multiagent={"critic_input": "agent_state"})
+    [policy] = t.policies
+    assert policy.critic[0][0].in_features == group.critic_dim + 3
+    t.collector.close()
+
+
+@pytest.mark.parametrize("env_id", [SPREAD, SCRIPTED])
+def test_agent_centric_critic_input_is_the_own_observation_then_the_others(
+    env_id: str, tmp_path: Path
+) -> None:
+    rows = rows_env(env_id, 2, critic_input="agent_centric")
+    observed = rows.reset(seed=4)
+    [group] = rows.groups
+    dim = group.spec.obs_dim
+    assert group.critic_dim == 3 * dim
+    for step in range(6):  # SCRIPTED: through agents finishing and an env reset
+        critic, obs = observed[0].critic_obs, observed[0].obs
+        assert critic is not None and critic.shape == (6, 3 * dim)
+        for e in range(2):
+            views = obs[e * 3 : e * 3 + 3]
+            for i in range(3):
+                others = [views[j] for j in range(3) if j != i]
+                expected = np.concatenate([views[i], *others])
+                np.testing.assert_array_equal(critic[e * 3 + i], expected, f"step {step}")
+        (observed, _) = rows.step([torch.as_tensor(np.arange(6) % 2)])
+    rows.close()
+    t = trainer(env_id, tmp_path, multiagent={"critic_input": "agent_centric"})
+    [policy] = t.policies
+    assert policy.critic[0][0].in_features == 3 * dim + 3
+    t.collector.close()
+
+
 def test_local_critic_input_is_the_observation_plus_agent_id(tmp_path: Path) -> None:
     rows = rows_env(SPREAD, 2, critic_input="local")
     observed = rows.reset(seed=0)

@@ -23,7 +23,7 @@ Activation = Literal["tanh", "relu"]
 Backend = Literal["auto", "sync", "async", "vector"]
 Algo = Literal["ppo", "trpo"]
 ActorMode = Literal["shared", "per_agent"]
-CriticInput = Literal["global", "local"]
+CriticInput = Literal["global", "agent_state", "agent_centric", "local"]
 
 
 class ConfigError(ValueError):
@@ -254,7 +254,7 @@ class MultiAgentConfig:
     agent_id: bool = True
     """Append each agent's one-hot id to the critic's input, and to the actor's in shared mode."""
     critic_input: CriticInput = "global"
-    """global (MAPPO): the env's state(), or all agents' observations concatenated; local (IPPO): the agent's own observation."""
+    """global (MAPPO): the env's state(), or all agents' observations concatenated; agent_state (MAPPO's agent-specific global state): that global state followed by the agent's own observation; agent_centric: the agent's own observation, then every other agent's in possible_agents order (all agents' views, laid out the same way for every agent); local (IPPO): the agent's own observation."""
     value_norm: bool = False
     """Normalize value targets with running statistics of the returns."""
 

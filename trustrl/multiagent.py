@@ -11,9 +11,14 @@ one collector serves both:
 * when no agent is left, the env's next step is a reset step: every row of that env
   gets the new episode's first observation, reward 0 and no done flag.
 
-The critic input of a group is either the agent's own observation (``local``, IPPO) or
-a global state (``global``, MAPPO): the env's ``state()`` when it has one, else all
-agents' observations concatenated in ``possible_agents`` order.
+The critic input of a group is the agent's own observation (``local``, IPPO), a global
+state (``global``, MAPPO): the env's ``state()`` when it has one, else all agents'
+observations concatenated in ``possible_agents`` order, or that global state followed
+by the agent's own observation (``agent_state``, MAPPO's agent-specific global state:
+the critic is handed which part of the state is its agent's own view), or every agent's
+observation with the agent's own first and the others after it in ``possible_agents``
+order (``agent_centric``: all that the agents see, in a layout that is the same for
+every agent of a group, so the critic's first layer serves them all alike).
 """
 
 from __future__ import annotations
@@ -132,19 +137,25 @@ class ParallelRows:
             key = (repr(env.observation_space(agent)), repr(env.action_space(agent)))
             by_spaces.setdefault(key, []).append(agent)
         self.state_mode = "none"
-        critic_dim: int | None = None
-        if self.critic_input == "global":
+        self.state_dim = 0
+        if self.critic_input in ("global", "agent_state"):
             if _has_state(env):
                 self.state_mode = "state"
-                critic_dim = int(np.asarray(env.state()).size)
+                self.state_dim = int(np.asarray(env.state()).size)
             else:
                 self.state_mode = "concat"
-                critic_dim = sum(math.prod(env.observation_space(a).shape) for a in agents)
+                self.state_dim = sum(math.prod(env.observation_space(a).shape) for a in agents)
         groups = []
         for index, members in enumerate(by_spaces.values()):
             obs_space = env.observation_space(members[0])
             act_space = env.action_space(members[0])
             spec = SpaceSpec.from_spaces(obs_space, act_space, members[0] in self._info_masks)
+            critic_dim = {
+                "local": None,
+                "global": self.state_dim,
+                "agent_state": self.state_dim + spec.obs_dim,
+                "agent_centric": sum(math.prod(env.observation_space(a).shape) for a in agents),
+            }[self.critic_input]
             groups.append(AgentGroup(_group_name(members, index), tuple(members), spec, critic_dim))
         self.agents = agents
         self.obs_dims = {a: math.prod(env.observation_space(a).shape) for a in agents}
@@ -163,8 +174,7 @@ class ParallelRows:
         self.alive = {a: np.zeros(self.num_envs, dtype=bool) for a in self.agents}
         self.masks: dict[str, np.ndarray] = {}
         self.ended = np.zeros(self.num_envs, dtype=bool)
-        critic_dim = self.groups[0].critic_dim
-        self.state = np.zeros((self.num_envs, critic_dim or 0), np.float32)
+        self.state = np.zeros((self.num_envs, self.state_dim), np.float32)
 
     def _write(self, e: int, env: Any, observations: dict[str, Any], infos: dict[str, Any]) -> None:
         for agent, value in observations.items():
@@ -196,8 +206,20 @@ class ParallelRows:
                 width = group.spec.mask_dim or 0
                 mask = np.stack([self.masks[a] for a in members], 1).reshape(-1, width)
             critic = None
-            if group.critic_dim is not None:
+            if self.critic_input == "agent_centric":
+                critic = np.stack(
+                    [
+                        np.concatenate(
+                            [self.obs[a], *(self.obs[b] for b in self.agents if b != a)], 1
+                        )
+                        for a in members
+                    ],
+                    1,
+                ).reshape(len(obs), -1)
+            elif group.critic_dim is not None:
                 critic = np.repeat(self.state, len(members), axis=0)
+                if self.critic_input == "agent_state":
+                    critic = np.concatenate([critic, obs], axis=1)
             out.append(GroupObs(obs, mask, critic, alive))
         return out
 
