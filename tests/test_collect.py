@@ -421,6 +421,42 @@ def test_reward_scaler_updates_only_when_training() -> None:
         collector.close()
 
 
+@pytest.mark.parametrize("num_envs", [1, 2])  # one row: the Python-float path
+def test_reward_scaling_against_a_brute_force_reference(num_envs: int) -> None:
+    """Each step's reward over the std of every discounted return folded in so far (that
+    step's included), the discounted return restarting after each episode end."""
+    schedules = ["3:truncated", "2:terminated,4:truncated"][:num_envs]
+
+    def collector(normalize: bool) -> Collector:
+        fns = [functools.partial(E.make_scripted, sched, i) for i, sched in enumerate(schedules)]
+        return Collector(vector_env("sync", fns), 0, GAMMA, normalize_reward=normalize)
+
+    plain, scaled = collector(False), collector(True)
+    policy = small_policy(plain)
+    folded: list[float] = []
+    discounted = np.zeros(num_envs)
+    try:
+        for _ in range(3):  # the discounted return carries over from rollout to rollout
+            raw, out = make_rollout(plain, 7), make_rollout(scaled, 7)
+            plain.collect(policy, raw)
+            scaled.collect(policy, out)
+            for t in range(7):
+                reward = raw.rewards[t].double().numpy()
+                valid = raw.valid[t].numpy()
+                discounted = discounted * GAMMA + reward
+                folded += discounted[valid].tolist()
+                var = np.var(folded) if folded else 1.0
+                expected = np.clip(reward / np.sqrt(var + 1e-8), -10, 10)
+                np.testing.assert_allclose(out.rewards[t].numpy(), expected, rtol=1e-5)
+                done = (raw.terminated[t] + raw.truncated[t]).numpy() > 0
+                discounted[done] = 0.0
+        assert scaled.reward_scaler is not None
+        assert scaled.reward_scaler.count.item() == len(folded)
+    finally:
+        plain.close()
+        scaled.close()
+
+
 @pytest.mark.parametrize("backend", ["vector", "sync", "async"])
 def test_cartpole_episode_accounting_on_every_backend(backend: str) -> None:
     """Real CartPole (reward 1 per step, a TimeLimit of 15): episodes seen in the rollout

@@ -248,8 +248,7 @@ class Collector:
         if self.reward_scaler is None:
             view["rewards"][:] = reward
         else:
-            for t in range(len(reward)):
-                view["rewards"][t] = self._scale(lane, reward[t], valid[t], done[t], train)
+            view["rewards"][:] = self._scale(lane, reward, valid, done, train)
         lane.resetting = done[-1].copy()
 
     def _track_episodes(
@@ -278,15 +277,33 @@ class Collector:
     def _scale(
         self, lane: _Lane, reward: np.ndarray, valid: np.ndarray, done: np.ndarray, train: bool
     ) -> np.ndarray:
-        """Reward / std(discounted return) (Engstrom et al. 2020's reward scaling), for one
-        step's rows."""
+        """(T, rows) rewards / std(discounted return) (Engstrom et al. 2020's reward
+        scaling), step by step as it would have run live: step t's scale has seen the
+        discounted returns up to step t."""
         scaler = self.reward_scaler
         assert scaler is not None
-        lane.discounted_return = lane.discounted_return * self.gamma + reward
-        if train:
-            scaler.update(lane.discounted_return[valid])
-        lane.discounted_return[done] = 0.0
-        return scaler.scale_array(reward)
+        gamma = self.gamma
+        if reward.shape[1] == 1:  # one row: Python floats, no numpy call per step
+            discounted = float(lane.discounted_return[0])
+            scaled = []
+            columns = (reward[:, 0].tolist(), valid[:, 0].tolist(), done[:, 0].tolist())
+            for r, ok, end in zip(*columns, strict=True):
+                discounted = discounted * gamma + r
+                if train and ok:
+                    scaler.update_scalar(discounted)
+                if end:
+                    discounted = 0.0
+                scaled.append(scaler.scale_scalar(r))
+            lane.discounted_return[0] = discounted
+            return np.array(scaled)[:, None]
+        out = np.empty_like(reward)
+        for t in range(len(reward)):
+            lane.discounted_return = lane.discounted_return * gamma + reward[t]
+            if train:
+                scaler.update(lane.discounted_return[valid[t]])
+            lane.discounted_return[done[t]] = 0.0
+            out[t] = scaler.scale_array(reward[t])
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -62,14 +62,11 @@ class RunningMeanStd(nn.Module):
         n = batch.shape[0]
         if n == 0:
             return
+        if n == 1 and mean.ndim == 0:  # one scalar (a reward)
+            self.update_scalar(float(batch[0]))
+            return
         old = float(count)
         total = old + n
-        if n == 1 and mean.ndim == 0:  # one scalar (a reward): Python floats throughout
-            delta_ = float(batch[0]) - float(mean)
-            var[...] = float(var) * (old / total) + delta_ * delta_ * (old / (total * total))
-            mean[...] = float(mean) + delta_ / total
-            count[...] = total
-            return
         if n == 1:  # one env: the batch variance is 0, skip numpy's mean and var
             delta = batch[0] - mean
             var *= old / total
@@ -83,6 +80,17 @@ class RunningMeanStd(nn.Module):
             var *= old / total
             var += batch_var * (n / total) + delta * delta * (old * n / (total * total))
         mean += delta * (n / total)
+        count[...] = total
+
+    def update_scalar(self, x: float) -> None:
+        """``update`` with one number, for scalar statistics: Python floats throughout, so
+        the arithmetic costs no numpy calls."""
+        mean, var, count = self.arrays()
+        old = float(count)
+        total = old + 1.0
+        delta = x - float(mean)
+        var[...] = float(var) * (old / total) + delta * delta * (old / (total * total))
+        mean[...] = float(mean) + delta / total
         count[...] = total
 
     def forward(self, x: Tensor) -> Tensor:
@@ -103,6 +111,11 @@ class RunningMeanStd(nn.Module):
         if var.ndim == 0:  # the reward scale: one number
             return _clip_(x * (1.0 / math.sqrt(float(var) + self.epsilon)), self.clip)
         return _clip_(x * (1.0 / np.sqrt(var + self.epsilon)), self.clip)
+
+    def scale_scalar(self, x: float) -> float:
+        """``scale_array`` of one number by scalar statistics, in Python floats."""
+        _, var, _ = self.arrays()
+        return min(max(x * (1.0 / math.sqrt(float(var) + self.epsilon)), -self.clip), self.clip)
 
 
 def _clip_(x: np.ndarray, bound: float) -> np.ndarray:

@@ -103,14 +103,15 @@ class SpaceSpec:
     def split(
         self, raw: Any, info: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """A batch of raw observations -> (float32 (B, obs_dim), bool (B, A) mask or None)."""
+        """A batch of raw observations -> (float32 (B, obs_dim), bool (B, A) mask or None),
+        always new arrays (a vector env may reuse the buffers it returned)."""
         mask = None
         if self.dict_obs:
-            mask = np.asarray(raw["action_mask"], dtype=bool)
+            mask = np.array(raw["action_mask"], dtype=bool)
             raw = raw["observation"]
         elif self.masked:
             mask = _info_mask(info, len(raw), self.mask_dim or 0)
-        obs = np.asarray(raw, dtype=np.float32).reshape(len(raw), self.obs_dim)
+        obs = np.array(raw, dtype=np.float32).reshape(len(raw), self.obs_dim)
         return obs, mask
 
     def to_env(self, actions: np.ndarray | torch.Tensor) -> np.ndarray:
