@@ -340,6 +340,42 @@ def test_full_disk_at_save_keeps_the_previous_checkpoint(
     assert load_checkpoint(tmp_path)[1]["iteration"] == 2
 
 
+def test_background_checkpoints_hold_their_own_iteration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Periodic checkpoints are written on a thread while training goes on: each must hold
+    the weights of the iteration it is named for, not those of a later one."""
+    import time
+
+    import trustrl.trainer as trainer_module
+
+    slow_write = trainer_module.write_snapshot
+
+    def write_late(*args: object) -> Path:
+        time.sleep(0.3)  # the next iterations run meanwhile
+        return slow_write(*args)
+
+    monkeypatch.setattr(trainer_module, "write_snapshot", write_late)
+    trainer = Trainer(dataclasses.replace(config(iterations=3), checkpoint_keep=3), tmp_path)
+    weights: list[dict[str, torch.Tensor]] = []
+    update = trainer._update
+
+    def recording_update(progress: float) -> dict[str, float]:
+        metrics = update(progress)
+        weights.append({k: v.clone() for k, v in trainer.policy.state_dict().items()})
+        return metrics
+
+    monkeypatch.setattr(trainer, "_update", recording_update)
+    trainer.train()
+    assert len(weights) == 3
+    assert not torch.equal(weights[0]["actor.0.weight"], weights[2]["actor.0.weight"])
+    for iteration, expected in enumerate(weights, 1):
+        policy = trustrl.Policy.load(tmp_path / "checkpoints" / f"iter_{iteration:08d}")
+        for key, value in policy.state_dict().items():
+            assert torch.equal(value, expected[key]), (iteration, key)
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "final"
+
+
 def test_ctrl_c_checkpoints_and_prints_the_resume_command(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -23,6 +23,9 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +64,7 @@ def flatten_state(state: Any) -> tuple[Any, dict[str, torch.Tensor]]:
             tensors[path] = value.detach().cpu().clone()
             return {"__tensor__": path}
         if isinstance(value, np.ndarray):
-            tensors[path] = torch.from_numpy(np.ascontiguousarray(value))
+            tensors[path] = torch.from_numpy(np.array(value, order="C"))  # a copy, too
             return {"__ndarray__": path}
         if isinstance(value, dict):
             if all(isinstance(k, str) for k in value):
@@ -111,6 +114,30 @@ def _write_file(path: Path, write: Any) -> None:
         os.fsync(handle.fileno())
 
 
+@dataclass
+class Snapshot:
+    """Everything one checkpoint holds, copied out of the live objects: training can go
+    on while it is written."""
+
+    weights: dict[str, torch.Tensor]
+    description: dict[str, Any]
+    meta: dict[str, Any]
+    skeleton: Any
+    tensors: dict[str, torch.Tensor]
+    env_state: bytes | None
+
+
+def snapshot(
+    policy: Policy | MultiAgentPolicy,
+    meta: dict[str, Any],
+    training_state: dict[str, Any],
+    env_state: bytes | None = None,
+) -> Snapshot:
+    skeleton, tensors = flatten_state(training_state)
+    weights = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    return Snapshot(weights, policy.describe(), dict(meta), skeleton, tensors, env_state)
+
+
 def write_checkpoint(
     folder: Path,
     policy: Policy | MultiAgentPolicy,
@@ -119,34 +146,36 @@ def write_checkpoint(
     env_state: bytes | None = None,
 ) -> Path:
     """Write one complete checkpoint at ``folder`` atomically (temp folder, then rename)."""
+    return write_snapshot(folder, snapshot(policy, meta, training_state, env_state))
+
+
+def write_snapshot(folder: Path, state: Snapshot) -> Path:
+    """``write_checkpoint`` of a snapshot taken earlier."""
     folder = Path(folder)
     tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    skeleton, tensors = flatten_state(training_state)
     try:
         tmp.mkdir(parents=True)
-        description = policy.describe()
         # The weights carry their own description too, so a meta.json that was edited or
         # swapped cannot make them load as a policy for other spaces.
         _write_file(
             tmp / POLICY_FILE,
             lambda p: save_file(
-                {k: v.clone() for k, v in policy.state_dict().items()},
-                str(p),
-                metadata={"policy": json.dumps(description)},
+                state.weights, str(p), metadata={"policy": json.dumps(state.description)}
             ),
         )
-        _write_file(tmp / STATE_FILE, lambda p: save_file(tensors, str(p)))
+        _write_file(tmp / STATE_FILE, lambda p: save_file(state.tensors, str(p)))
         env_record = None
+        env_state = state.env_state
         if env_state is not None:
             _write_file(tmp / ENV_FILE, lambda p: p.write_bytes(env_state))
             env_record = {"file": ENV_FILE, "sha256": hashlib.sha256(env_state).hexdigest()}
         document = {
             "format_version": FORMAT_VERSION,
-            **meta,
-            "policy": description,
-            "training_state": skeleton,
+            **state.meta,
+            "policy": state.description,
+            "training_state": state.skeleton,
             "env_state": env_record,
         }
         _write_file(tmp / META, lambda p: p.write_text(json.dumps(document, indent=1)))
@@ -167,6 +196,41 @@ def write_checkpoint(
             "checkpoint is intact"
         ) from None
     return folder
+
+
+class BackgroundWriter:
+    """Runs checkpoint writes on one background thread, one at a time, in order.
+
+    A write is mostly waiting on the disk (a checkpoint is a handful of fsyncs); with the
+    snapshot taken on the training thread, training goes on meanwhile. ``submit`` first
+    waits for the write before it, so at most one is in flight, and ``wait`` (called
+    before the run returns) re-raises the error of a failed write: a write is never lost
+    silently, and a failed one leaves the previous checkpoint and ``latest`` intact, as
+    a synchronous write would.
+    """
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future[Any] | None = None
+
+    def submit(self, write: Callable[[], Any]) -> None:
+        self.wait()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="trustrl-checkpoint")
+        self._pending = self._pool.submit(write)
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -213,11 +213,11 @@ class Collector:
         view["obs"][t] = x
         if "critic_obs" in view and critic_x is not None:
             view["critic_obs"][t] = critic_x
-        view["actions"][t] = actions.reshape(view["actions"][t].shape)
+        view["actions"][t] = actions.reshape(view["actions"].shape[1:])
         view["logprob"][t] = logprob
         view["values"][t] = value
-        # Alive rows; _settle takes out the reset steps.
-        view["valid"][t] = True if lane.alive is None else lane.alive
+        if lane.alive is not None:  # rows of agents still playing; _settle does the rest
+            view["valid"][t] = lane.alive
         if "action_mask" in view and lane.mask is not None:
             view["action_mask"][t] = lane.mask
         return actions
@@ -232,7 +232,9 @@ class Collector:
     ) -> None:
         """The rollout's validity, rewards and endings from the raw steps; the episodes that
         ended, in step order; the reward scaling, step by step as it would have run live."""
-        valid = view["valid"]  # (T, rows): alive, from _act
+        valid = view["valid"]  # (T, rows): alive, from _act (every row of a Gymnasium env)
+        if lane.alive is None:
+            valid[:] = True
         # A row's step is the reset step (not trained on) after it ended. An env reports
         # no reward and no ending on a reset step or for a finished agent's row; the
         # masks below make sure of it.

@@ -22,14 +22,16 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from trustrl.checkpoint import (
+    BackgroundWriter,
     CheckpointError,
     differences,
     load_checkpoint,
     prune,
     read_env_state,
     set_latest,
+    snapshot,
     write_atomic,
-    write_checkpoint,
+    write_snapshot,
 )
 from trustrl.collect import Collector, EpisodeStats
 from trustrl.config import Config, config_from_dict, config_to_dict
@@ -118,6 +120,7 @@ class Trainer:
         self.interrupted = False
         self.recent_returns: list[float] = []
         self.envs_restored = False
+        self.checkpoint_writer = BackgroundWriter()
         if resume:
             self._restore()
 
@@ -131,7 +134,11 @@ class Trainer:
             "recent_returns": list(self.recent_returns),
         }
 
-    def save(self, name: str) -> Path:
+    def save(self, name: str, background: bool = False) -> Path:
+        """Checkpoint the run as ``checkpoints/<name>``. With ``background``, the files are
+        written on the checkpoint thread while training goes on (the state is copied
+        first); otherwise the checkpoint is complete on return. Either way a checkpoint
+        waits for the one before it."""
         checkpoints = self.run_dir / "checkpoints"
         meta = {
             "config": config_to_dict(self.config),
@@ -141,15 +148,17 @@ class Trainer:
             "env_steps": self.env_steps,
             "wall_time": self.wall_time,
         }
-        folder = write_checkpoint(
-            checkpoints / name,
-            self.policy,
-            meta,
-            self.training_state(),
-            self.collector.capture(),
-        )
-        set_latest(checkpoints, name)
-        prune(checkpoints, self.config.checkpoint_keep)
+        state = snapshot(self.policy, meta, self.training_state(), self.collector.capture())
+        folder, keep = checkpoints / name, self.config.checkpoint_keep
+
+        def write() -> None:
+            write_snapshot(folder, state)
+            set_latest(checkpoints, name)
+            prune(checkpoints, keep)
+
+        self.checkpoint_writer.submit(write)
+        if not background:
+            self.checkpoint_writer.wait()
         return folder
 
     def _restore(self) -> None:
@@ -241,7 +250,7 @@ class Trainer:
                 tensorboard.write(row, self.env_steps)
                 bar.update(self.env_steps, sps, recent_mean)
                 if self.iteration % cfg.checkpoint_every == 0:
-                    self.save(f"iter_{self.iteration:08d}")
+                    self.save(f"iter_{self.iteration:08d}", background=True)
                 target = cfg.target_return
                 if evaluation and target is not None and evaluation.mean_return >= target:
                     self.eval_result = evaluation
@@ -252,6 +261,7 @@ class Trainer:
                     break
             self.save("final")
         finally:
+            self.checkpoint_writer.close()  # the last write is on disk (or its error raised)
             stop.restore()
             bar.close()
             progress_file.close()
