@@ -204,7 +204,7 @@ class Inference:
             z = rng.standard_normal(out.shape, dtype=np.float32)
             actions = out + z * std
             logprob = np.einsum("ij,ij->i", z, z) * np.float32(-0.5) - log_norm
-        return actions, logprob.astype(np.float32), self._denormalize(raw_value)
+        return actions, logprob.astype(np.float32, copy=False), self._denormalize(raw_value)
 
     def value(
         self, x: np.ndarray, critic_x: np.ndarray | None = None, agent: np.ndarray | None = None
