@@ -21,8 +21,10 @@ is scored on the same episodes (``--episodes`` resets seeded ``--eval-seed + i``
 * **trustrl**: the shipped preset (``trustrl/presets/ppo/mpe2_simple_spread_v3.toml``, the
   seed kernel's settings) overlaid with ``--config`` (default
   ``benchmarks/simple_spread.toml``: the MAPPO paper's MPE settings as tuned there, one
-  actor shared by the agents), with the critic reading the global state (MAPPO) or the
-  agent's own observation (IPPO); ``-per-agent`` and ``-shared`` variants set the actors
+  actor shared by the agents), with the critic reading the global state (``mappo``),
+  the global state plus the agent's own observation (``mappo-as``), every agent's
+  observation with the agent's own first (``mappo-centric``) or the agent's own
+  observation alone (``ippo``); ``-per-agent`` and ``-shared`` variants set the actors
   whatever the config says. ``--config ''`` runs the kernel's settings alone.
   Each (variant, seed) trains in its own process; its learning curve (env steps vs the
   mean per-agent return of the training episodes, from ``progress.csv``), SPS and final
@@ -335,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=PRESET_STEPS, help="env steps per run")
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated training seeds")
     parser.add_argument(
-        "--algo-variants", default="mappo,ippo", help=f"comma-separated, of {', '.join(VARIANTS)}"
+        "--algo-variants", default="mappo,ippo,mappo-centric", help=f"comma-separated, of {', '.join(VARIANTS)}"
     )
     parser.add_argument(
         "--config",
