@@ -337,7 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=PRESET_STEPS, help="env steps per run")
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated training seeds")
     parser.add_argument(
-        "--algo-variants", default="mappo,ippo,mappo-centric", help=f"comma-separated, of {', '.join(VARIANTS)}"
+        "--algo-variants",
+        default="mappo,ippo,mappo-centric",
+        help=f"comma-separated, of {', '.join(VARIANTS)}",
     )
     parser.add_argument(
         "--config",
