@@ -183,7 +183,7 @@ class MultiCategoricalHead(nn.Module):
         )
 
 
-_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)  # the Gaussian log-density's constant
 
 
 class DiagGaussianHead(nn.Module):
@@ -217,11 +217,11 @@ class DiagGaussianHead(nn.Module):
     def log_prob(self, params: Tensor, actions: Tensor) -> Tensor:
         mean, log_std = params.split(self.dim, -1)
         z = (actions - mean) * torch.exp(-log_std)
-        return (-0.5 * z.square() - log_std - _LOG_SQRT_2PI).sum(-1)
+        return (-0.5 * z.square() - log_std - LOG_SQRT_2PI).sum(-1)
 
     def entropy(self, params: Tensor) -> Tensor:
         log_std = params[..., self.dim :]
-        return (0.5 + _LOG_SQRT_2PI + log_std).sum(-1)
+        return (0.5 + LOG_SQRT_2PI + log_std).sum(-1)
 
     def kl(self, old: Tensor, new: Tensor) -> Tensor:
         mean_old, log_std_old = old.split(self.dim, -1)

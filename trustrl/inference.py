@@ -15,13 +15,13 @@ step); the value normalizer's statistics are read live from the policy's buffers
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 from torch import nn
 
 from trustrl.distributions import (
+    LOG_SQRT_2PI,
     MASKED_LOGIT,
     CategoricalHead,
     DiagGaussianHead,
@@ -30,7 +30,7 @@ from trustrl.distributions import (
 )
 from trustrl.policy import StackedMLP
 
-_LOG_SQRT_2PI = np.float32(0.5 * math.log(2 * math.pi))
+_LOG_SQRT_2PI = np.float32(LOG_SQRT_2PI)
 
 
 class _Linear:
@@ -120,11 +120,14 @@ class Inference:
         self.width = self.head.out
         # One network for both when they read the same input (not per-agent actors, not a
         # global-state critic).
-        self.fused = (
+        fused = (
             _fused(self.actor, self.head, self.critic)
             if not policy.per_agent and policy.critic_dim is None
             else None
         )
+        # Split once here: the per-step path must not slice the list every call.
+        self.fused_hidden: list[_Linear] = fused[:-1] if fused else []
+        self.fused_out: _Linear | None = fused[-1] if fused else None
         if isinstance(head, DiagGaussianHead):
             self.kind = "gaussian"
             self.log_std = head.log_std.detach().numpy().copy()
@@ -157,9 +160,9 @@ class Inference:
         self, x: np.ndarray, critic_x: np.ndarray | None, agent: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray]:
         """(head outputs, raw values)."""
-        if self.fused is not None:
-            out = self.fused[-1](
-                self._features(self.fused[:-1], self._with_id(x, agent), None), None
+        if self.fused_out is not None:
+            out = self.fused_out(
+                self._features(self.fused_hidden, self._with_id(x, agent), None), None
             )
             return out[:, : self.width], out[:, self.width]
         actor_in = x if self.per_agent else self._with_id(x, agent)

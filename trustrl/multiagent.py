@@ -136,6 +136,9 @@ class ParallelRows:
         for agent in agents:
             key = (repr(env.observation_space(agent)), repr(env.action_space(agent)))
             by_spaces.setdefault(key, []).append(agent)
+        self.agents = agents
+        self.obs_dims = {a: math.prod(env.observation_space(a).shape) for a in agents}
+        all_obs_dim = sum(self.obs_dims.values())
         self.state_mode = "none"
         self.state_dim = 0
         if self.critic_input in ("global", "agent_state"):
@@ -144,7 +147,7 @@ class ParallelRows:
                 self.state_dim = int(np.asarray(env.state()).size)
             else:
                 self.state_mode = "concat"
-                self.state_dim = sum(math.prod(env.observation_space(a).shape) for a in agents)
+                self.state_dim = all_obs_dim
         groups = []
         for index, members in enumerate(by_spaces.values()):
             obs_space = env.observation_space(members[0])
@@ -154,11 +157,9 @@ class ParallelRows:
                 "local": None,
                 "global": self.state_dim,
                 "agent_state": self.state_dim + spec.obs_dim,
-                "agent_centric": sum(math.prod(env.observation_space(a).shape) for a in agents),
+                "agent_centric": all_obs_dim,
             }[self.critic_input]
             groups.append(AgentGroup(_group_name(members, index), tuple(members), spec, critic_dim))
-        self.agents = agents
-        self.obs_dims = {a: math.prod(env.observation_space(a).shape) for a in agents}
         return groups
 
     @property

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from trustrl.config import PPOConfig
 from trustrl.distributions import (
+    LOG_SQRT_2PI,
     MASKED_LOGIT,
     CategoricalHead,
     DiagGaussianHead,
@@ -46,7 +47,7 @@ from trustrl.optim import Adam
 from trustrl.policy import Policy
 from trustrl.rollout import Batch
 
-_LOG_SQRT_2PI = np.float32(0.5 * math.log(2 * math.pi))
+_LOG_SQRT_2PI = np.float32(LOG_SQRT_2PI)
 
 
 class Gradients(Protocol):
