@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -20,10 +22,11 @@ import torch
 
 from tests import envs as E
 from trustrl.collect import Collector
-from trustrl.config import PolicyConfig
+from trustrl.config import PolicyConfig, config_from_dict, merge
 from trustrl.inference import Inference
 from trustrl.policy import Policy
 from trustrl.rollout import Rollout
+from trustrl.trainer import Trainer
 
 NEXT_STEP = gym.vector.AutoresetMode.NEXT_STEP
 BACKENDS = ["sync", "async"]
@@ -55,17 +58,11 @@ def known_value(obs: torch.Tensor, *_: object) -> torch.Tensor:
 
 def use_known_value(monkeypatch: pytest.MonkeyPatch) -> None:
     """The collector's critic (numpy inference, see trustrl/inference.py) -> known_value."""
-    original = Inference._outputs
 
     def raw_value(self: Inference, x: np.ndarray, *_: object) -> np.ndarray:
         return known_value(torch.from_numpy(x)).numpy()
 
-    def outputs(self: Inference, x: np.ndarray, *args: object) -> tuple[np.ndarray, np.ndarray]:
-        head_out, _ = original(self, x, *args)  # type: ignore[arg-type]
-        return head_out, raw_value(self, x)
-
     monkeypatch.setattr(Inference, "_raw_value", raw_value)
-    monkeypatch.setattr(Inference, "_outputs", outputs)
 
 
 def known_value_np(obs: np.ndarray) -> float:
@@ -495,3 +492,90 @@ def test_cartpole_episode_accounting_on_every_backend(backend: str) -> None:
     assert stats.lengths == [length for _, _, length in ended]
     assert stats.returns == [float(length) for _, _, length in ended]
     assert bool(trunc.any()) and bool(term.any()), "both endings should occur"
+
+
+# The per-rollout log-probabilities and values: what the update trains against.
+
+
+def _rollout_matches_policy(trainer: Any) -> None:
+    """Every stored log-probability and value of a fresh rollout is the torch policy's."""
+    trainer.collector.collect(trainer.policies, trainer.rollouts)
+    for policy, rollout in zip(trainer.policies, trainer.rollouts, strict=True):
+        steps, rows = rollout.logprob.shape
+        agent = rollout.agent.repeat(steps)
+        mask = rollout.action_mask
+        critic = rollout.critic_obs
+        with torch.no_grad():
+            params = policy.dist_params(
+                rollout.obs.reshape(steps * rows, -1),
+                mask.reshape(steps * rows, -1) if mask is not None else None,
+                agent,
+            )
+            actions = rollout.actions.reshape(steps * rows, *rollout.actions.shape[2:])
+            logprob = policy.head.log_prob(params, actions).reshape(steps, rows)
+            value = policy.value(
+                rollout.obs.reshape(steps * rows, -1),
+                critic.reshape(steps * rows, -1) if critic is not None else None,
+                agent,
+            ).reshape(steps, rows)
+        valid = rollout.valid
+        assert valid.any()
+        torch.testing.assert_close(rollout.logprob[valid], logprob[valid], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(rollout.values, value, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "extra"),
+    [
+        ("CartPole-v1", {}),
+        ("Pendulum-v1", {"env": {"num_envs": 3, "normalize_obs": True}}),
+        ("tests.envs:MaskedInfoEnv", {}),
+        ("tests.envs:MaskedDictEnv", {}),
+        ("tests.envs:MultiDiscreteEnv", {}),
+    ],
+)
+def test_rollout_log_probs_and_values_are_the_policys(
+    env_id: str, extra: dict[str, Any], tmp_path: Path
+) -> None:
+    table = merge(
+        {
+            "env_id": env_id,
+            "total_steps": 64,
+            "quiet": True,
+            "eval_episodes": 0,
+            "run_dir": str(tmp_path),
+            "env": {"num_envs": 2},
+            "rollout": {"num_steps": 32},
+            "policy": {"hidden_sizes": [16, 16]},
+        },
+        extra,
+    )
+    trainer = Trainer(config_from_dict(table))
+    trainer.train(iterations=1)  # weights away from their initial values
+    _rollout_matches_policy(trainer)
+
+
+@pytest.mark.parametrize(
+    "multiagent",
+    [
+        {"actor": "shared", "critic_input": "global"},
+        {"actor": "per_agent", "critic_input": "agent_centric", "value_norm": True},
+    ],
+)
+def test_multiagent_rollout_log_probs_and_values_are_the_policys(
+    multiagent: dict[str, Any], tmp_path: Path
+) -> None:
+    table = {
+        "env_id": "mpe2:simple_spread_v3",
+        "total_steps": 100,
+        "quiet": True,
+        "eval_episodes": 0,
+        "run_dir": str(tmp_path),
+        "env": {"num_envs": 2, "kwargs": {"continuous_actions": True, "max_cycles": 12}},
+        "rollout": {"num_steps": 25},
+        "policy": {"hidden_sizes": [16, 16]},
+        "multiagent": multiagent,
+    }
+    trainer = Trainer(config_from_dict(table))
+    trainer.train(iterations=1)
+    _rollout_matches_policy(trainer)

@@ -100,6 +100,42 @@ class _RawSteps:
         self.truncated = np.zeros((num_steps, rows), dtype=bool)
 
 
+class _Acting:
+    """One lane's sampling for one rollout: every step's random draws, drawn up front, and
+    the actor's outputs per step, from which ``finish`` computes the log-probabilities and
+    values of the whole rollout at once."""
+
+    def __init__(
+        self, inference: Inference, rng: np.random.Generator, num_steps: int, agent: np.ndarray
+    ) -> None:
+        self.inference = inference
+        self.agent = agent
+        self.noise = inference.noise(rng, num_steps, agent)  # (T, rows, width)
+        self.out = np.empty_like(self.noise)  # (T, rows, width) head outputs
+
+    def finish(self, view: dict[str, np.ndarray]) -> None:
+        """The rollout's log-probabilities and values, from what the steps stored."""
+        steps, rows, width = self.out.shape
+        agent = np.tile(self.agent, steps)
+        mask = view.get("action_mask")
+        critic = view.get("critic_obs")
+        inference = self.inference
+        logprob = inference.log_prob(
+            self.out.reshape(-1, width),
+            view["actions"].reshape(steps * rows, *view["actions"].shape[2:]),
+            mask.reshape(steps * rows, -1) if mask is not None else None,
+            self.noise.reshape(-1, width),
+            agent,
+        )
+        view["logprob"][:] = logprob.reshape(steps, rows)
+        values = inference.value(
+            view["obs"].reshape(steps * rows, -1),
+            critic.reshape(steps * rows, -1) if critic is not None else None,
+            agent,
+        )
+        view["values"][:] = values.reshape(steps, rows)
+
+
 def _copy(array: np.ndarray | None) -> np.ndarray | None:
     return array.copy() if array is not None else None
 
@@ -155,15 +191,22 @@ class Collector:
         inferences = [Inference(policy) for policy in policies]
         views = [rollout.numpy_views() for rollout in rollouts]
         num_steps = rollouts[0].num_steps
-        # Per step only what acting needs: the inputs, the sample, and the env's raw
-        # outcome. Validity, episode bookkeeping and reward scaling are settled per rollout
-        # (``_settle``), as whole-array operations where a step would spend one numpy call
-        # each on a handful of rows.
+        # Per step only what acting needs: the inputs, the actor, the action, and the env's
+        # raw outcome. The random draws come in one call per rollout; log-probabilities,
+        # values, validity, episodes and reward scaling are settled per rollout, as
+        # whole-array operations where a step would spend one numpy call each on a handful
+        # of rows.
+        acting = [
+            _Acting(inference, self.rng, num_steps, lane.agent)
+            for lane, inference in zip(self.lanes, inferences, strict=True)
+        ]
         raw = [_RawSteps(num_steps, len(lane.agent)) for lane in self.lanes]
         for t in range(num_steps):
             actions = [
-                self._act(lane, inference, view, t, train)
-                for lane, inference, view in zip(self.lanes, inferences, views, strict=True)
+                self._act(lane, inference, view, act, t, train)
+                for lane, inference, view, act in zip(
+                    self.lanes, inferences, views, acting, strict=True
+                )
             ]
             observed, steps = self.rows.step(actions)
             for lane, out, step, after in zip(self.lanes, raw, steps, observed, strict=True):
@@ -173,9 +216,10 @@ class Collector:
                 lane.observe(after)
 
         stats = EpisodeStats()
-        for lane, inference, rollout, view, out in zip(
-            self.lanes, inferences, rollouts, views, raw, strict=True
+        for lane, inference, rollout, view, act, out in zip(
+            self.lanes, inferences, rollouts, views, acting, raw, strict=True
         ):
+            act.finish(view)
             self._settle(lane, view, out, stats, train)
             x, critic_x = self._inputs(lane, inference, update=False)
             rollout.last_value.numpy()[:] = inference.value(x, critic_x, lane.agent)
@@ -205,17 +249,16 @@ class Collector:
         lane: _Lane,
         inference: Inference,
         view: dict[str, np.ndarray],
+        acting: _Acting,
         t: int,
         train: bool,
     ) -> np.ndarray:
         x, critic_x = self._inputs(lane, inference, update=train)
-        actions, logprob, value = inference.step(x, lane.mask, self.rng, critic_x, lane.agent)
+        actions, acting.out[t] = inference.act(x, lane.mask, acting.noise[t], lane.agent)
         view["obs"][t] = x
         if "critic_obs" in view and critic_x is not None:
             view["critic_obs"][t] = critic_x
         view["actions"][t] = actions.reshape(view["actions"].shape[1:])
-        view["logprob"][t] = logprob
-        view["values"][t] = value
         if lane.alive is not None:  # rows of agents still playing; _settle does the rest
             view["valid"][t] = lane.alive
         if "action_mask" in view and lane.mask is not None:

@@ -11,6 +11,11 @@ A snapshot is taken by ``Inference(policy)`` (weights pre-transposed for ``x @ W
 is what a remote runner holds between weight refreshes. It takes observations already
 normalized (``RunningMeanStd.normalize_array``, whose statistics the collector updates every
 step); the value normalizer's statistics are read live from the policy's buffers.
+
+Per env step only the actor runs (``act``); the log-probabilities and the critic run once
+per rollout on what the steps stored (``log_prob``, ``value``). An earlier version fused
+actor and critic into one network per step; with the critic out of the step, the fusion
+saved nothing and is gone.
 """
 
 from __future__ import annotations
@@ -75,34 +80,21 @@ def _log_softmax(logits: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
-def _gumbel_argmax(log_probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """argmax(log p - log E), E ~ Exp(1): the Gumbel-max trick, as the torch heads sample."""
-    noise = rng.standard_exponential(log_probs.shape, dtype=np.float32)
-    # A draw of exactly 0 would give +inf and win even over a masked action.
-    np.maximum(noise, np.finfo(np.float32).tiny, out=noise)
-    return (log_probs - np.log(noise)).argmax(-1)
-
-
-def _fused(actor: list[_Linear], head: _Linear, critic: list[_Linear]) -> list[_Linear]:
-    """Actor (with its head) and critic as one MLP on their common input, whose output is
-    [head outputs | value]: the first layer side by side, the others block-diagonal. Per
-    env step that is half the matmuls and activations; the zero blocks cost nothing that
-    a few rows would notice."""
-    fused = []
-    for i, (a, c) in enumerate(zip([*actor, head], critic, strict=True)):
-        if i == 0:
-            weight = np.concatenate([a.weight, c.weight], 1)
-        else:
-            (a_in, a_out), (c_in, c_out) = a.weight.shape, c.weight.shape
-            weight = np.zeros((a_in + c_in, a_out + c_out), dtype=a.weight.dtype)
-            weight[:a_in, :a_out] = a.weight
-            weight[a_in:, a_out:] = c.weight
-        fused.append(_Linear(weight, np.concatenate([a.bias, c.bias])))
-    return fused
-
-
 class Inference:
-    """Sampling, log-probabilities and values of a Policy, in numpy (float32)."""
+    """Sampling, log-probabilities and values of a Policy, in numpy (float32).
+
+    Acting is split so that an env step does only what choosing the action needs:
+
+    * ``noise``, once per rollout: every step's random draws at once (Gumbel noise for
+      discrete heads, the scaled normal draw for Gaussian ones);
+    * ``act``, per step: the actor's outputs and the action, argmax(logits + Gumbel)
+      (the Gumbel-max trick: log-softmax only shifts a row, so the argmax needs none)
+      or mean + std z;
+    * ``log_prob`` and ``value``, once per rollout, on every step's stored outputs and
+      inputs: one batched call where a step would make a dozen tiny ones.
+
+    ``step`` chains them for a single batch of rows.
+    """
 
     def __init__(self, policy: Any) -> None:
         self.policy = policy
@@ -117,17 +109,7 @@ class Inference:
         self.head = _Linear.of(policy.head.linear)
         self.critic = _mlp(policy.critic)
         head = policy.head
-        self.width = self.head.out
-        # One network for both when they read the same input (not per-agent actors, not a
-        # global-state critic).
-        fused = (
-            _fused(self.actor, self.head, self.critic)
-            if not policy.per_agent and policy.critic_dim is None
-            else None
-        )
-        # Split once here: the per-step path must not slice the list every call.
-        self.fused_hidden: list[_Linear] = fused[:-1] if fused else []
-        self.fused_out: _Linear | None = fused[-1] if fused else None
+        self.width = self.head.out  # head outputs per row: logits, or the Gaussian means
         if isinstance(head, DiagGaussianHead):
             self.kind = "gaussian"
             self.log_std = head.log_std.detach().numpy().copy()
@@ -156,26 +138,73 @@ class Inference:
             x = self.activation(layer(x, agent))
         return x
 
-    def _outputs(
-        self, x: np.ndarray, critic_x: np.ndarray | None, agent: np.ndarray | None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(head outputs, raw values)."""
-        if self.fused_out is not None:
-            out = self.fused_out(
-                self._features(self.fused_hidden, self._with_id(x, agent), None), None
-            )
-            return out[:, : self.width], out[:, self.width]
-        actor_in = x if self.per_agent else self._with_id(x, agent)
-        head_out = self.head(self._features(self.actor, actor_in, agent), agent)
-        return head_out, self._raw_value(x, critic_x, agent)
+    def _per_row(self, values: np.ndarray, agent: np.ndarray | None) -> np.ndarray:
+        """A Gaussian head's std or log-density constant for each row: per-agent heads
+        (log_std of shape (A, k)) pick each row's agent's, a shared head's is shared."""
+        return values[agent] if self.log_std.ndim == 2 else values
 
-    def _raw_value(
-        self, x: np.ndarray, critic_x: np.ndarray | None, agent: np.ndarray | None
+    def noise(self, rng: np.random.Generator, steps: int, agent: np.ndarray) -> np.ndarray:
+        """(steps, rows, width) draws for a rollout of ``steps`` steps of the rows whose
+        agents ``agent`` (rows,) gives: what ``act`` adds to the head outputs."""
+        shape = (steps, len(agent), self.width)
+        if self.kind == "gaussian":
+            z = rng.standard_normal(shape, dtype=np.float32)
+            z *= self._per_row(self.std, agent)
+            return z
+        noise = rng.standard_exponential(shape, dtype=np.float32)
+        # A draw of exactly 0 would give +inf and win even over a masked action.
+        np.maximum(noise, np.finfo(np.float32).tiny, out=noise)
+        np.log(noise, out=noise)
+        np.negative(noise, out=noise)  # -log E, E ~ Exp(1): standard Gumbel
+        return noise
+
+    def act(
+        self,
+        x: np.ndarray,
+        mask: np.ndarray | None,
+        noise: np.ndarray,
+        agent: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Normalized observations (rows, obs_dim) and one step's ``noise`` rows ->
+        (actions, head outputs)."""
+        actor_in = x if self.per_agent else self._with_id(x, agent)
+        out = self.head(self._features(self.actor, actor_in, agent), agent)
+        if self.kind == "gaussian":
+            return out + noise, out
+        if mask is not None:
+            perturbed = np.where(mask, out, np.float32(MASKED_LOGIT))
+            perturbed += noise
+        else:
+            perturbed = out + noise
+        if self.kind == "categorical":
+            return perturbed.argmax(-1), out
+        blocks = np.split(perturbed, self.splits, -1)
+        return np.stack([block.argmax(-1) for block in blocks], -1), out
+
+    def log_prob(
+        self,
+        out: np.ndarray,
+        actions: np.ndarray,
+        mask: np.ndarray | None,
+        noise: np.ndarray,
+        agent: np.ndarray | None = None,
     ) -> np.ndarray:
-        hidden = self._features(
-            self.critic[:-1], self._with_id(critic_x if critic_x is not None else x, agent), None
-        )
-        return self.critic[-1](hidden, None)[:, 0]
+        """Log-probabilities (B,) of the actions ``act`` chose from head outputs ``out``
+        with ``noise``, all (B, ...) (a rollout's steps flattened)."""
+        rows = np.arange(len(out))
+        if self.kind == "gaussian":
+            z = noise / self._per_row(self.std, agent)
+            logprob = np.einsum("ij,ij->i", z, z) * np.float32(-0.5)
+            logprob -= self._per_row(self.log_norm, agent)
+            return logprob.astype(np.float32, copy=False)
+        if self.kind == "categorical":
+            return _log_softmax(out, mask)[rows, actions]
+        masks = np.split(mask, self.splits, -1) if mask is not None else None
+        blocks = [
+            _log_softmax(block, masks[i] if masks is not None else None)
+            for i, block in enumerate(np.split(out, self.splits, -1))
+        ]
+        return np.sum([b[rows, actions[:, i]] for i, b in enumerate(blocks)], axis=0)
 
     def step(
         self,
@@ -186,34 +215,25 @@ class Inference:
         agent: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Normalized observations (B, obs_dim) -> (actions, log-probabilities, values)."""
-        out, raw_value = self._outputs(x, critic_x, agent)
-        if self.kind == "categorical":
-            log_probs = _log_softmax(out, mask)
-            actions = _gumbel_argmax(log_probs, rng)
-            logprob = log_probs[np.arange(len(actions)), actions]
-        elif self.kind == "multi":
-            masks = np.split(mask, self.splits, -1) if mask is not None else None
-            blocks = [
-                _log_softmax(block, masks[i] if masks is not None else None)
-                for i, block in enumerate(np.split(out, self.splits, -1))
-            ]
-            actions = np.stack([_gumbel_argmax(b, rng) for b in blocks], -1)
-            rows = np.arange(len(actions))
-            logprob = np.sum([b[rows, actions[:, i]] for i, b in enumerate(blocks)], axis=0)
-        else:
-            per_agent = self.log_std.ndim == 2
-            std = self.std[agent] if per_agent else self.std
-            log_norm = self.log_norm[agent] if per_agent else self.log_norm
-            z = rng.standard_normal(out.shape, dtype=np.float32)
-            actions = out + z * std
-            logprob = np.einsum("ij,ij->i", z, z) * np.float32(-0.5) - log_norm
-        return actions, logprob.astype(np.float32, copy=False), self._denormalize(raw_value)
+        rows = agent if agent is not None else np.zeros(len(x), dtype=np.int64)
+        noise = self.noise(rng, 1, rows)[0]
+        actions, out = self.act(x, mask, noise, agent)
+        logprob = self.log_prob(out, actions, mask, noise, agent)
+        return actions, logprob, self.value(x, critic_x, agent)
 
     def value(
         self, x: np.ndarray, critic_x: np.ndarray | None = None, agent: np.ndarray | None = None
     ) -> np.ndarray:
         """``Policy.value``: the critic's output in return units."""
         return self._denormalize(self._raw_value(x, critic_x, agent))
+
+    def _raw_value(
+        self, x: np.ndarray, critic_x: np.ndarray | None, agent: np.ndarray | None
+    ) -> np.ndarray:
+        hidden = self._features(
+            self.critic[:-1], self._with_id(critic_x if critic_x is not None else x, agent), None
+        )
+        return self.critic[-1](hidden, None)[:, 0]
 
     def _denormalize(self, raw: np.ndarray) -> np.ndarray:
         norm = self.value_normalizer
