@@ -126,3 +126,41 @@ def test_numpy_normalize_matches_forward() -> None:
     expected = rms(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(rms.normalize_array(x.copy()), expected, rtol=1e-6, atol=1e-6)
     assert np.abs(expected).max() == rms.clip
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_update_normalize_is_update_then_normalize(rows: int) -> None:
+    """The collector's combined step (with its one-row shortcut) against the two calls."""
+    data = np.random.default_rng(6).normal(2.0, 3.0, size=(40, rows, 5)).astype(np.float32)
+    combined, separate = RunningMeanStd(5, clip=4.0), RunningMeanStd(5, clip=4.0)
+    for x in data:
+        out = np.empty((rows, 5), dtype=np.float32)
+        got = combined.update_normalize(x, out)
+        assert got is out
+        separate.update(x)
+        np.testing.assert_allclose(got, separate.normalize_array(x), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(combined.mean, separate.mean, rtol=1e-12)
+    np.testing.assert_allclose(combined.var, separate.var, rtol=1e-12)
+    assert combined.count.item() == separate.count.item() == 40 * rows
+
+
+def test_update_normalize_takes_in_only_the_given_rows() -> None:
+    x = np.array([[1.0, 2.0], [100.0, -100.0], [3.0, 6.0]], dtype=np.float32)
+    rms = RunningMeanStd(2)
+    rms.update_normalize(x, rows=np.array([True, False, True]))
+    np.testing.assert_allclose(rms.mean, [2.0, 4.0])
+    assert rms.count.item() == 2
+
+
+def test_update_and_scale_matches_step_by_step_calls() -> None:
+    fold = [1.5, None, -2.0, 4.0, None, 0.5]
+    values = [1.0, 2.0, -3.0, 0.5, 8.0, -1.0]
+    batched, stepwise = RunningMeanStd((), clip=3.0), RunningMeanStd((), clip=3.0)
+    got = batched.update_and_scale(fold, values)
+    expected = []
+    for x, v in zip(fold, values, strict=True):
+        if x is not None:
+            stepwise.update(np.array([x]))
+        expected.append(float(stepwise.scale_array(np.array([v]))[0]))
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    assert batched.count.item() == 4 and batched.var.item() == pytest.approx(stepwise.var.item())

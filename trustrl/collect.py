@@ -136,6 +136,23 @@ class _Acting:
         view["values"][:] = values.reshape(steps, rows)
 
 
+def _normalized(
+    norm: RunningMeanStd | None,
+    x: np.ndarray,
+    update: bool,
+    live: np.ndarray | None,
+    out: np.ndarray | None,
+) -> np.ndarray:
+    """x normalized (into ``out`` when given); with ``update``, the live rows (all when
+    ``live`` is None) taken into the statistics first."""
+    if norm is not None:
+        return norm.update_normalize(x, out, live) if update else norm.normalize_array(x, out)
+    if out is None:
+        return x
+    out[...] = x
+    return out
+
+
 def _copy(array: np.ndarray | None) -> np.ndarray | None:
     return array.copy() if array is not None else None
 
@@ -226,22 +243,23 @@ class Collector:
         return stats
 
     def _inputs(
-        self, lane: _Lane, inference: Inference, update: bool
+        self,
+        lane: _Lane,
+        inference: Inference,
+        update: bool,
+        out: np.ndarray | None = None,
+        critic_out: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        norm, critic_norm = inference.obs_normalizer, inference.critic_normalizer
-        if update:
-            # Rows of agents that finished while others play on repeat their final
-            # observation: keep them out of the statistics.
-            live = lane.alive
-            if norm is not None:
-                norm.update(lane.obs if live is None else lane.obs[live])
-            if critic_norm is not None and lane.critic_obs is not None:
-                state = lane.critic_obs
-                critic_norm.update(state if live is None else state[live])
-        x = norm.normalize_array(lane.obs) if norm is not None else lane.obs
+        """The lane's policy inputs, normalized; written into ``out`` / ``critic_out``
+        (rollout rows) when given. With ``update``, the statistics take them in first."""
+        # Rows of agents that finished while others play on repeat their final
+        # observation: the statistics take in only the live rows.
+        x = _normalized(inference.obs_normalizer, lane.obs, update, lane.alive, out)
         critic = lane.critic_obs
-        if critic is not None and critic_norm is not None:
-            critic = critic_norm.normalize_array(critic)
+        if critic is not None:
+            critic = _normalized(
+                inference.critic_normalizer, critic, update, lane.alive, critic_out
+            )
         return x, critic
 
     def _act(
@@ -253,11 +271,9 @@ class Collector:
         t: int,
         train: bool,
     ) -> np.ndarray:
-        x, critic_x = self._inputs(lane, inference, update=train)
+        critic_row = view["critic_obs"][t] if "critic_obs" in view else None
+        x, _ = self._inputs(lane, inference, train, view["obs"][t], critic_row)
         actions, acting.out[t] = inference.act(x, lane.mask, acting.noise[t], lane.agent)
-        view["obs"][t] = x
-        if "critic_obs" in view and critic_x is not None:
-            view["critic_obs"][t] = critic_x
         view["actions"][t] = actions.reshape(view["actions"].shape[1:])
         if lane.alive is not None:  # rows of agents still playing; _settle does the rest
             view["valid"][t] = lane.alive
@@ -330,17 +346,15 @@ class Collector:
         gamma = self.gamma
         if reward.shape[1] == 1:  # one row: Python floats, no numpy call per step
             discounted = float(lane.discounted_return[0])
-            scaled = []
+            fold: list[float | None] = []
             columns = (reward[:, 0].tolist(), valid[:, 0].tolist(), done[:, 0].tolist())
             for r, ok, end in zip(*columns, strict=True):
                 discounted = discounted * gamma + r
-                if train and ok:
-                    scaler.update_scalar(discounted)
+                fold.append(discounted if train and ok else None)
                 if end:
                     discounted = 0.0
-                scaled.append(scaler.scale_scalar(r))
             lane.discounted_return[0] = discounted
-            return np.array(scaled)[:, None]
+            return np.array(scaler.update_and_scale(fold, columns[0]))[:, None]
         out = np.empty_like(reward)
         for t in range(len(reward)):
             lane.discounted_return = lane.discounted_return * gamma + reward[t]

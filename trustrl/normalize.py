@@ -86,12 +86,22 @@ class RunningMeanStd(nn.Module):
         """``update`` with one number, for scalar statistics: Python floats throughout, so
         the arithmetic costs no numpy calls."""
         mean, var, count = self.arrays()
-        old = float(count)
-        total = old + 1.0
-        delta = x - float(mean)
-        var[...] = float(var) * (old / total) + delta * delta * (old / (total * total))
-        mean[...] = float(mean) + delta / total
-        count[...] = total
+        mean[...], var[...], count[...] = _welford(float(mean), float(var), float(count), x)
+
+    def update_and_scale(self, fold: list[float | None], values: list[float]) -> list[float]:
+        """Scalar statistics, step by step: fold ``fold[i]`` in (None: nothing this step),
+        then scale ``values[i]`` by the spread so far, as ``scale_array`` does. Python
+        floats throughout and the buffers written once: no numpy call per element."""
+        mean_buf, var_buf, count_buf = self.arrays()
+        mean, var, count = float(mean_buf), float(var_buf), float(count_buf)
+        epsilon, clip = self.epsilon, self.clip
+        scaled = []
+        for x, value in zip(fold, values, strict=True):
+            if x is not None:
+                mean, var, count = _welford(mean, var, count, x)
+            scaled.append(min(max(value * (1.0 / math.sqrt(var + epsilon)), -clip), clip))
+        mean_buf[...], var_buf[...], count_buf[...] = mean, var, count
+        return scaled
 
     def forward(self, x: Tensor) -> Tensor:
         scale = torch.rsqrt(self.var.to(x.dtype) + self.epsilon)
@@ -99,11 +109,42 @@ class RunningMeanStd(nn.Module):
 
     # The collector's numpy versions (per env step, numpy ops cost a fraction of torch's).
 
-    def normalize_array(self, x: np.ndarray) -> np.ndarray:
-        """``forward`` on a float32 array: the same operations in the same order."""
+    def normalize_array(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``forward`` on an array, into ``out`` (float32; a new array by default). The
+        arithmetic runs on the float64 statistics and is rounded once, when written."""
         mean, var, _ = self.arrays()
-        scale = 1.0 / np.sqrt(var.astype(np.float32) + np.float32(self.epsilon))
-        return _clip_((x - mean.astype(np.float32)) * scale, self.clip)
+        y = x - mean
+        y *= 1.0 / np.sqrt(var + self.epsilon)
+        if out is None:
+            out = np.empty(y.shape, dtype=np.float32)
+        return np.minimum(np.maximum(y, -self.clip, out=y), self.clip, out=out)
+
+    def update_normalize(
+        self, x: np.ndarray, out: np.ndarray | None = None, rows: np.ndarray | None = None
+    ) -> np.ndarray:
+        """``update`` with the rows ``rows`` of x (all by default), then
+        ``normalize_array(x, out)``: the collector's step.
+
+        One row (one env) takes a shortcut: with d = x - the old mean, the new mean is
+        old + d / n, so x - new mean = d (n - 1) / n, and the subtraction is not repeated.
+        """
+        mean, var, count = self.arrays()
+        if rows is not None or x.shape[0] != 1 or mean.ndim != 1:
+            self.update(x if rows is None else x[rows])
+            return self.normalize_array(x, out)
+        old = float(count)
+        total = old + 1.0
+        delta = x - mean  # (1, D)
+        row = delta[0]
+        mean += row / total
+        var *= old / total
+        var += row * row * (old / (total * total))
+        count[...] = total
+        delta *= old / total  # x - the new mean
+        delta /= np.sqrt(var + self.epsilon)
+        if out is None:
+            out = np.empty(delta.shape, dtype=np.float32)
+        return np.minimum(np.maximum(delta, -self.clip, out=delta), self.clip, out=out)
 
     def scale_array(self, x: np.ndarray) -> np.ndarray:
         """Divide by the standard deviation only (reward scaling keeps the sign and offset)."""
@@ -112,10 +153,13 @@ class RunningMeanStd(nn.Module):
             return _clip_(x * (1.0 / math.sqrt(float(var) + self.epsilon)), self.clip)
         return _clip_(x * (1.0 / np.sqrt(var + self.epsilon)), self.clip)
 
-    def scale_scalar(self, x: float) -> float:
-        """``scale_array`` of one number by scalar statistics, in Python floats."""
-        _, var, _ = self.arrays()
-        return min(max(x * (1.0 / math.sqrt(float(var) + self.epsilon)), -self.clip), self.clip)
+
+def _welford(mean: float, var: float, count: float, x: float) -> tuple[float, float, float]:
+    """(mean, population variance, count) with one more number ``x`` folded in."""
+    total = count + 1.0
+    delta = x - mean
+    var = var * (count / total) + delta * delta * (count / (total * total))
+    return mean + delta / total, var, total
 
 
 def _clip_(x: np.ndarray, bound: float) -> np.ndarray:
