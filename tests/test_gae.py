@@ -313,3 +313,25 @@ def test_flat_without_mask_and_all_valid() -> None:
     assert batch.action_mask is None
     assert len(batch) == rollout.num_steps * rollout.num_rows
     assert torch.equal(batch.returns, rollout.returns.reshape(-1))
+
+
+@pytest.mark.parametrize("count", [1, 3, 4])
+def test_minibatches_cover_every_row_once(count: int) -> None:
+    n = 10
+    batch = Batch(
+        obs=torch.arange(n, dtype=torch.float32)[:, None],
+        actions=torch.arange(n),
+        logprob=torch.zeros(n),
+        values=torch.zeros(n),
+        advantages=torch.arange(n, dtype=torch.float32),
+        returns=torch.zeros(n),
+    )
+    parts = list(batch.minibatches(count, torch.Generator().manual_seed(0)))
+    assert len(parts) == count
+    rows = torch.cat([mb.actions for mb in parts])
+    assert sorted(rows.tolist()) == list(range(n))
+    for mb in parts:  # every field of a row stays together
+        assert torch.equal(mb.obs[:, 0].long(), mb.actions)
+        assert torch.equal(mb.advantages.long(), mb.actions)
+    if count == 1:
+        assert parts[0] is batch  # the whole batch, as it is

@@ -183,7 +183,11 @@ class Batch:
 
     def minibatches(self, count: int, generator: torch.Generator) -> Iterator[Batch]:
         """One epoch: ``count`` minibatches in random order. The shuffled batch is gathered
-        once; the minibatches are slices (views) of it."""
+        once; the minibatches are slices (views) of it. One minibatch is the whole batch,
+        whose order no loss depends on: no shuffle, no gather."""
+        if count <= 1:
+            yield self
+            return
         size = len(self)
         step = max(1, math.ceil(size / count))
         shuffled = self[torch.randperm(size, generator=generator)]
