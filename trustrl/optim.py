@@ -5,7 +5,8 @@ Why not ``torch.optim.Adam``: constructing any ``torch.optim.Optimizer`` imports
 whole CartPole training run; and on CPU its per-parameter (or per-tensor ``foreach``)
 ops dominate a small network's step (see docs/performance.md). This class is the same
 arithmetic (bias-corrected moments, ``eps`` added after the square root, the order of
-torch's single-tensor implementation) on flat tensors; ``tests/test_optim.py`` checks it
+torch's single-tensor implementation) on flat tensors, run in numpy on views of their
+memory; ``tests/test_optim.py`` checks it
 step for step against ``torch.optim.Adam``. It keeps torch's attribute names
 (``param_groups``, ``state``) and ``state_dict`` layout, so checkpoints written with
 either load in both.
@@ -17,6 +18,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -26,9 +28,9 @@ class Adam:
 
     At construction (and after ``grow``) the parameters' storage is moved into one
     contiguous tensor, each parameter becoming a view of its slice, and the moments are
-    flat tensors too. A step is then seven element-wise ops on three flat tensors, whatever
-    the number of parameters: on CPU, ``torch._foreach_*`` still pays dispatch per
-    tensor. ``state[p]`` holds views of the flat moments, in torch's layout.
+    flat tensors too. A step is then a dozen element-wise numpy ops on three flat arrays,
+    whatever the number of parameters: on CPU, ``torch._foreach_*`` still pays dispatch
+    per tensor. ``state[p]`` holds views of the flat moments, in torch's layout.
 
     One difference from torch.optim.Adam: within a step where some but not all
     parameters have a gradient, the others are stepped with a zero gradient (their
@@ -60,10 +62,13 @@ class Adam:
         self.flat = torch.cat([p.detach().reshape(-1) for p in params])
         if exp_avg.numel() == 0:
             exp_avg, exp_avg_sq = torch.zeros_like(self.flat), torch.zeros_like(self.flat)
-        self.exp_avg, self.exp_avg_sq = exp_avg, exp_avg_sq
+        self.exp_avg, self.exp_avg_sq = exp_avg.contiguous(), exp_avg_sq.contiguous()
         self.sizes = [p.numel() for p in params]
         for p, view in zip(params, self.views(self.flat), strict=True):
             p.data = view
+        # The step runs in numpy on views of the same memory (see ``step``).
+        self._arrays = (self.flat.numpy(), self.exp_avg.numpy(), self.exp_avg_sq.numpy())
+        self._scratch = (np.empty_like(self._arrays[0]), np.empty_like(self._arrays[0]))
 
     def views(self, flat: Tensor) -> list[Tensor]:
         """A flat tensor cut into one view per parameter, shaped like it."""
@@ -102,9 +107,13 @@ class Adam:
             ]
         )
 
-    @torch.no_grad()
     def step(self, grad: Tensor | None = None) -> None:
-        """One step on ``grad`` (flat, as ``flat_grad`` gives it; default: the .grads)."""
+        """One step on ``grad`` (flat, as ``flat_grad`` gives it; default: the .grads).
+
+        In numpy, on views of the flat tensors: the same arithmetic as torch's ops, but
+        between the numpy gradients' calls torch's seven ops took about 100 µs for a
+        CartPole network where numpy's take about 30 (``docs/performance.md``, round 4).
+        """
         if grad is None:
             grad = self.flat_grad()
             if grad is None:
@@ -112,12 +121,28 @@ class Adam:
         group = self.param_groups[0]
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
         self.steps += 1
-        self.exp_avg.lerp_(grad, 1 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        g = grad.numpy()
+        flat, exp_avg, exp_avg_sq = self._arrays
+        scratch, update = self._scratch
+        # exp_avg.lerp_(g, 1 - beta1): exp_avg + (1 - beta1) (g - exp_avg)
+        np.subtract(g, exp_avg, out=scratch)
+        scratch *= 1 - beta1
+        exp_avg += scratch
+        # exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        exp_avg_sq *= beta2
+        np.multiply(g, g, out=scratch)
+        scratch *= 1 - beta2
+        exp_avg_sq += scratch
         bias_correction1 = 1 - beta1**self.steps
         bias_correction2_sqrt = (1 - beta2**self.steps) ** 0.5
-        denom = (self.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-        self.flat.addcdiv_(self.exp_avg, denom, value=-lr / bias_correction1)
+        # denom = sqrt(exp_avg_sq) / bias_correction2_sqrt + eps
+        np.sqrt(exp_avg_sq, out=scratch)
+        scratch /= bias_correction2_sqrt
+        scratch += eps
+        # flat.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
+        np.divide(exp_avg, scratch, out=update)
+        update *= -lr / bias_correction1
+        flat += update
 
     def grow(self, grown: list[tuple[nn.Parameter, nn.Parameter, int]]) -> None:
         """After ``Policy.register_agent`` replaced parameters with grown ones (old, new,
@@ -184,15 +209,15 @@ class Adam:
         )
 
 
-@torch.no_grad()
 def clip_grad_norm(grad: Tensor, max_norm: float) -> float:
     """Scale a flat gradient in place to an L2 norm of at most ``max_norm``; the norm before.
 
     ``nn.utils.clip_grad_norm_``'s formula (the same ``1e-6`` in the divisor) on the one
-    flat tensor ``Adam.flat_grad`` gives: two ops instead of its per-tensor norms and
-    grouping by device and dtype. A non-finite norm leaves the gradient as it is.
+    flat tensor ``Adam.flat_grad`` gives, in numpy on its memory (see ``Adam.step``). A
+    non-finite norm leaves the gradient as it is.
     """
-    value = float(torch.linalg.vector_norm(grad))
+    g = grad.numpy()
+    value = math.sqrt(float(g @ g))
     if math.isfinite(value) and value > max_norm:
-        grad.mul_(max_norm / (value + 1e-6))
+        g *= max_norm / (value + 1e-6)
     return value
