@@ -45,17 +45,19 @@ def gae(
     Returns (advantages, returns), both (T, N), with returns = advantages + values.
     """
     # Bootstrap through time limits: a truncated state is not terminal (Pardo et al. 2018).
-    deltas = rewards + gamma * next_values * (1.0 - terminated) - values
-    carry = gamma * lam * (1.0 - terminated) * (1.0 - truncated)
-    # The sweep in numpy: the same element-wise float arithmetic, at about a microsecond
-    # per step instead of torch's per-op dispatch (T steps of two ops each).
-    d, c = deltas.numpy(), carry.numpy()
+    # In numpy throughout: the same element-wise float32 arithmetic, at about a
+    # microsecond per op, where torch's per-op dispatch (slower still when it runs between
+    # numpy calls, see docs/performance.md round 4) would dominate (T steps of two ops).
+    r, v, nv = rewards.numpy(), values.numpy(), next_values.numpy()
+    term, trunc = terminated.numpy(), truncated.numpy()
+    d = r + gamma * nv * (1.0 - term) - v
+    c = gamma * lam * (1.0 - term) * (1.0 - trunc)
     advantages = np.empty_like(d)
     running = np.zeros_like(d[0])
     for t in range(len(d) - 1, -1, -1):
         running = d[t] + c[t] * running
         advantages[t] = running
-    return torch.from_numpy(advantages), torch.from_numpy(advantages) + values
+    return torch.from_numpy(advantages), torch.from_numpy(advantages + v)
 
 
 class Rollout:
@@ -119,17 +121,20 @@ class Rollout:
         return {n: getattr(self, n).numpy() for n in names if getattr(self, n) is not None}
 
     def compute_advantages(self, gamma: float, lam: float) -> None:
-        next_values = torch.cat([self.values[1:], self.last_value[None]])
+        values = self.values.numpy()
+        next_values = torch.from_numpy(np.concatenate([values[1:], self.last_value.numpy()[None]]))
         self.advantages, self.returns = gae(
             self.rewards, self.values, next_values, self.terminated, self.truncated, gamma, lam
         )
 
     def flat(self) -> Batch:
-        """The valid rows as one flat batch (a gather: reset rows are dropped)."""
-        index = self.valid.reshape(-1).nonzero().squeeze(1)
+        """The valid rows as one flat batch (a gather: reset rows are dropped), gathered in
+        numpy (see ``gae``)."""
+        index = np.flatnonzero(self.valid.numpy())
 
         def rows(x: Tensor) -> Tensor:
-            return x.reshape(-1, *x.shape[2:])[index]
+            array = x.numpy()
+            return torch.from_numpy(array.reshape(-1, *array.shape[2:]).take(index, 0))
 
         return Batch(
             obs=rows(self.obs),
@@ -140,7 +145,7 @@ class Rollout:
             returns=rows(self.returns),
             action_mask=rows(self.action_mask) if self.action_mask is not None else None,
             critic_obs=rows(self.critic_obs) if self.critic_obs is not None else None,
-            agent=self.agent.expand(self.num_steps, -1).reshape(-1)[index],
+            agent=torch.from_numpy(np.tile(self.agent.numpy(), self.num_steps).take(index)),
         )
 
 
@@ -190,27 +195,27 @@ class Batch:
             return
         size = len(self)
         step = max(1, math.ceil(size / count))
-        shuffled = self[torch.randperm(size, generator=generator)]
+        shuffled = self[torch.randperm(size, generator=generator).numpy()]
         for start in range(0, size, step):
             yield shuffled[start : start + step]
 
     def __len__(self) -> int:
         return self.obs.shape[0]
 
-    def __getitem__(self, index: Tensor | slice) -> Batch:
-        """Rows by index tensor (a gather) or by slice (views, no copy)."""
+    def __getitem__(self, index: np.ndarray | Tensor | slice) -> Batch:
+        """Rows by index array (a gather) or by slice (views, no copy), taken in numpy
+        (see ``gae``)."""
+        if isinstance(index, Tensor):
+            index = index.numpy()
 
         def pick(x: Tensor | None) -> Tensor | None:
-            return x[index] if x is not None else None
+            return torch.from_numpy(x.numpy()[index]) if x is not None else None
 
-        return Batch(
-            self.obs[index],
-            self.actions[index],
-            self.logprob[index],
-            self.values[index],
-            self.advantages[index],
-            self.returns[index],
-            pick(self.action_mask),
-            pick(self.critic_obs),
-            self.agent[index],
-        )
+        return Batch(*(pick(getattr(self, name)) for name in _FIELDS))  # type: ignore[arg-type]
+
+
+# Batch's fields in the order of its constructor's arguments.
+_FIELDS = (
+    *("obs", "actions", "logprob", "values", "advantages", "returns"),
+    *("action_mask", "critic_obs", "agent"),
+)

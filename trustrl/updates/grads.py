@@ -170,11 +170,19 @@ class NumpyGradients:
         self.actor_layers.append(head.linear)
         self.critic_layers = [m for m in policy.critic.modules() if isinstance(m, nn.Linear)]
         self._ones_cache = np.ones(0, dtype=np.float32)
+        self._flats: tuple[Tensor, ...] = ()
         self.bind()
 
     def bind(self) -> None:
         """Numpy views of the current weights and of one flat gradient buffer per optimizer
-        (the buffers move when an optimizer grows or is built anew)."""
+        (the buffers move when an optimizer grows or is built anew; while every optimizer
+        keeps its flat buffer, the views made last time are still the ones)."""
+        flats = tuple(opt.flat for opt in self.optimizers.values())
+        if len(flats) == len(self._flats) and all(
+            a is b for a, b in zip(flats, self._flats, strict=True)
+        ):
+            return
+        self._flats = flats
 
         def weights(layers: list[nn.Linear]) -> list[tuple[np.ndarray, np.ndarray]]:
             return [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in layers]
