@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -335,3 +336,7 @@ def test_minibatches_cover_every_row_once(count: int) -> None:
         assert torch.equal(mb.advantages.long(), mb.actions)
     if count == 1:
         assert parts[0] is batch  # the whole batch, as it is
+    # The numpy view of the batch splits into the same minibatches, over the same memory.
+    arrays = list(batch.numpy().minibatches(count, torch.Generator().manual_seed(0)))
+    assert [mb.actions.tolist() for mb in arrays] == [mb.actions.tolist() for mb in parts]
+    assert all(isinstance(mb.obs, np.ndarray) for mb in arrays)

@@ -107,18 +107,21 @@ def test_terms_and_gradients_match_autograd(
     mine = NumpyGradients(policy, config, opts)
 
     expected = reference.policy_terms(batch, 0.2)
-    got = mine.policy_terms(batch, 0.2)
+    got = mine.policy_terms(batch.numpy(), 0.2)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     assert 0.0 < got[3] < 1.0, "the clip should bind for some rows, not all"
-    np.testing.assert_allclose(mine.value_term(batch), reference.value_term(batch), rtol=1e-5)
+    np.testing.assert_allclose(
+        mine.value_term(batch.numpy()), reference.value_term(batch), rtol=1e-5
+    )
 
     for key in opts:
         for fit_pi, fit_vf in [(True, True), (True, False), (False, True)]:
             fit_pi = fit_pi and key in ("pi", "all")
             fit_vf = fit_vf and key in ("vf", "all")
-            for backend in (reference, mine):  # autograd frees its graph after a backward
-                backend.policy_terms(batch, 0.2)
-                backend.value_term(batch)
+            # autograd frees its graph after a backward
+            for backend, mb in ((reference, batch), (mine, batch.numpy())):
+                backend.policy_terms(mb, 0.2)
+                backend.value_term(mb)
             want = reference.gradient(key, fit_pi, fit_vf)
             have = mine.gradient(key, fit_pi, fit_vf)
             if want is None:
@@ -141,9 +144,9 @@ def test_ties_of_the_clipped_branches_carry_the_full_gradient() -> None:
     config = LossSettings(vf_clip_coef=0.2)
     opts = optimizers(policy, separate=False)
     reference, mine = TorchGradients(policy, config, opts), NumpyGradients(policy, config, opts)
-    assert mine.policy_terms(batch, 0.2)[3] == 0.0
+    assert mine.policy_terms(batch.numpy(), 0.2)[3] == 0.0
     reference.policy_terms(batch, 0.2)
-    mine.value_term(batch)
+    mine.value_term(batch.numpy())
     reference.value_term(batch)
     want = reference.gradient("all", True, True)
     have = mine.gradient("all", True, True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, Self, TypeVar
 
 import numpy as np
 import torch
@@ -149,44 +149,48 @@ class Rollout:
         )
 
 
-class Batch:
-    """Flat training samples: every tensor's first dimension is the sample index."""
+# The fields of a batch, in the order of its constructor's arguments.
+_FIELDS = (
+    *("obs", "actions", "logprob", "values", "advantages", "returns"),
+    *("action_mask", "critic_obs", "agent"),
+)
 
-    __slots__ = (
-        "action_mask",
-        "actions",
-        "advantages",
-        "agent",
-        "critic_obs",
-        "logprob",
-        "obs",
-        "returns",
-        "values",
-    )
+ArrayT = TypeVar("ArrayT", Tensor, np.ndarray)
+
+
+class _Rows(Generic[ArrayT]):
+    """Flat training samples: every field's first dimension is the sample index. Batch
+    holds tensors; its ``numpy()`` view, NumpyBatch, holds arrays over the same memory."""
+
+    __slots__ = _FIELDS
+
+    obs: ArrayT  # (B, obs_dim)
+    actions: ArrayT  # (B, *act)
+    logprob: ArrayT  # (B,)
+    values: ArrayT  # (B,)
+    advantages: ArrayT  # (B,)
+    returns: ArrayT  # (B,)
+    action_mask: ArrayT | None  # (B, A) or None
+    critic_obs: ArrayT | None  # (B, critic_dim) or None: the critic reads obs
+    agent: ArrayT  # (B,)
 
     def __init__(
         self,
-        obs: Tensor,
-        actions: Tensor,
-        logprob: Tensor,
-        values: Tensor,
-        advantages: Tensor,
-        returns: Tensor,
-        action_mask: Tensor | None = None,
-        critic_obs: Tensor | None = None,
-        agent: Tensor | None = None,
+        obs: ArrayT,
+        actions: ArrayT,
+        logprob: ArrayT,
+        values: ArrayT,
+        advantages: ArrayT,
+        returns: ArrayT,
+        action_mask: ArrayT | None,
+        critic_obs: ArrayT | None,
+        agent: ArrayT,
     ) -> None:
-        self.obs = obs  # (B, obs_dim)
-        self.actions = actions  # (B, *act)
-        self.logprob = logprob  # (B,)
-        self.values = values  # (B,)
-        self.advantages = advantages  # (B,)
-        self.returns = returns  # (B,)
-        self.action_mask = action_mask  # (B, A) or None
-        self.critic_obs = critic_obs  # (B, critic_dim) or None: the critic reads obs
-        self.agent = agent if agent is not None else torch.zeros(len(obs), dtype=torch.long)  # (B,)
+        self.obs, self.actions, self.logprob, self.values = obs, actions, logprob, values
+        self.advantages, self.returns = advantages, returns
+        self.action_mask, self.critic_obs, self.agent = action_mask, critic_obs, agent
 
-    def minibatches(self, count: int, generator: torch.Generator) -> Iterator[Batch]:
+    def minibatches(self, count: int, generator: torch.Generator) -> Iterator[Self]:
         """One epoch: ``count`` minibatches in random order. The shuffled batch is gathered
         once; the minibatches are slices (views) of it. One minibatch is the whole batch,
         whose order no loss depends on: no shuffle, no gather."""
@@ -200,22 +204,66 @@ class Batch:
             yield shuffled[start : start + step]
 
     def __len__(self) -> int:
-        return self.obs.shape[0]
+        return len(self.obs)
 
-    def __getitem__(self, index: np.ndarray | Tensor | slice) -> Batch:
-        """Rows by index array (a gather) or by slice (views, no copy), taken in numpy
-        (see ``gae``)."""
-        if isinstance(index, Tensor):
-            index = index.numpy()
+    def __getitem__(self, index: np.ndarray | slice) -> Self:
+        """Rows by index array (a gather) or by slice (views, no copy)."""
 
-        def pick(x: Tensor | None) -> Tensor | None:
-            return torch.from_numpy(x.numpy()[index]) if x is not None else None
+        def maybe(x: ArrayT | None) -> ArrayT | None:
+            return x[index] if x is not None else None
 
-        return Batch(*(pick(getattr(self, name)) for name in _FIELDS))  # type: ignore[arg-type]
+        return type(self)(
+            self.obs[index],
+            self.actions[index],
+            self.logprob[index],
+            self.values[index],
+            self.advantages[index],
+            self.returns[index],
+            maybe(self.action_mask),
+            maybe(self.critic_obs),
+            self.agent[index],
+        )
 
 
-# Batch's fields in the order of its constructor's arguments.
-_FIELDS = (
-    *("obs", "actions", "logprob", "values", "advantages", "returns"),
-    *("action_mask", "critic_obs", "agent"),
-)
+class Batch(_Rows[Tensor]):
+    def __init__(
+        self,
+        obs: Tensor,
+        actions: Tensor,
+        logprob: Tensor,
+        values: Tensor,
+        advantages: Tensor,
+        returns: Tensor,
+        action_mask: Tensor | None = None,
+        critic_obs: Tensor | None = None,
+        agent: Tensor | None = None,
+    ) -> None:
+        if agent is None:
+            agent = torch.zeros(len(obs), dtype=torch.long)
+        super().__init__(
+            obs, actions, logprob, values, advantages, returns, action_mask, critic_obs, agent
+        )
+
+    def numpy(self) -> NumpyBatch:
+        """The same rows as numpy arrays over the same memory. The numpy gradients take
+        their minibatches from it: indexing arrays costs a fraction of indexing tensors,
+        whose ops run slowly between numpy calls (docs/performance.md, round 4)."""
+
+        def maybe(x: Tensor | None) -> np.ndarray | None:
+            return x.numpy() if x is not None else None
+
+        return NumpyBatch(
+            self.obs.numpy(),
+            self.actions.numpy(),
+            self.logprob.numpy(),
+            self.values.numpy(),
+            self.advantages.numpy(),
+            self.returns.numpy(),
+            maybe(self.action_mask),
+            maybe(self.critic_obs),
+            self.agent.numpy(),
+        )
+
+
+class NumpyBatch(_Rows[np.ndarray]):
+    pass

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -45,7 +46,7 @@ from trustrl.losses import (
 )
 from trustrl.optim import Adam
 from trustrl.policy import Policy
-from trustrl.rollout import Batch
+from trustrl.rollout import Batch, NumpyBatch
 
 _LOG_SQRT_2PI = np.float32(LOG_SQRT_2PI)
 
@@ -54,12 +55,17 @@ class Gradients(Protocol):
     def bind(self) -> None:
         """Called at the start of every update: the optimizers' buffers may be new."""
 
-    def policy_terms(self, mb: Batch, clip_coef: float) -> tuple[float, float, float, float]:
-        """(surrogate loss, mean entropy, approx KL, clip fraction); keeps what the
-        gradient needs."""
+    def minibatches(self, batch: Batch, count: int, generator: torch.Generator) -> Iterator[Any]:
+        """One epoch of ``batch``'s minibatches (``Batch.minibatches``), in the form this
+        backend's ``policy_terms`` and ``value_term`` take."""
 
-    def value_term(self, mb: Batch) -> float:
-        """The value loss; keeps what the gradient needs."""
+    def policy_terms(self, mb: Any, clip_coef: float) -> tuple[float, float, float, float]:
+        """(surrogate loss, mean entropy, approx KL, clip fraction) of a minibatch from
+        ``minibatches``; keeps what the gradient needs."""
+
+    def value_term(self, mb: Any) -> float:
+        """The value loss of a minibatch from ``minibatches``; keeps what the gradient
+        needs."""
 
     def gradient(self, key: str, policy: bool, value: bool) -> Tensor | None:
         """The flat gradient (in ``optimizers[key]``'s layout) of that optimizer's loss
@@ -98,6 +104,9 @@ class TorchGradients:
 
     def bind(self) -> None:
         self.terms = {}
+
+    def minibatches(self, batch: Batch, count: int, generator: torch.Generator) -> Iterator[Batch]:
+        return batch.minibatches(count, generator)
 
     def policy_terms(self, mb: Batch, clip_coef: float) -> tuple[float, float, float, float]:
         policy = self.policy
@@ -216,6 +225,11 @@ class NumpyGradients:
         self.actor_key = self.actor_grads[0][0] if self.actor_grads else None
         self.critic_key = self.critic_grads[0][0] if self.critic_grads else None
 
+    def minibatches(
+        self, batch: Batch, count: int, generator: torch.Generator
+    ) -> Iterator[NumpyBatch]:
+        return batch.numpy().minibatches(count, generator)
+
     # Forward and backward through an MLP.
 
     def _ones(self, n: int) -> np.ndarray:
@@ -266,11 +280,11 @@ class NumpyGradients:
 
     # The losses.
 
-    def policy_terms(self, mb: Batch, clip_coef: float) -> tuple[float, float, float, float]:
-        obs = mb.obs.numpy()
-        actions = mb.actions.numpy()
-        advantages = mb.advantages.numpy()
-        old_logprob = mb.logprob.numpy()
+    def policy_terms(self, mb: NumpyBatch, clip_coef: float) -> tuple[float, float, float, float]:
+        obs = mb.obs
+        actions = mb.actions
+        advantages = mb.advantages
+        old_logprob = mb.logprob
         n = len(obs)
         hidden = self._forward(self.actor, obs)
         out = hidden[-1]
@@ -282,7 +296,7 @@ class NumpyGradients:
             entropy = float(np.sum(np.float32(0.5) + _LOG_SQRT_2PI + self.log_std))
             cache: tuple = (z, inv_std)
         else:
-            mask = mb.action_mask.numpy() if mb.action_mask is not None else None
+            mask = mb.action_mask if mb.action_mask is not None else None
             if mask is not None:
                 out = np.where(mask, out, np.float32(MASKED_LOGIT))
             rows = np.arange(n)
@@ -324,10 +338,10 @@ class NumpyGradients:
         self._policy = (hidden, actions, d_logprob.astype(np.float32, copy=False), cache)
         return loss, entropy, kl, fraction
 
-    def value_term(self, mb: Batch) -> float:
-        hidden = self._forward(self.critic, mb.obs.numpy())
+    def value_term(self, mb: NumpyBatch) -> float:
+        hidden = self._forward(self.critic, mb.obs)
         values = hidden[-1][:, 0]
-        returns = mb.returns.numpy()
+        returns = mb.returns
         n = len(values)
         error = values - returns
         unclipped = error * error
@@ -336,7 +350,7 @@ class NumpyGradients:
         if clip is None:
             loss = float(unclipped.sum()) / n
         else:
-            old = mb.values.numpy()
+            old = mb.values
             clipped_values = old + np.clip(values - old, -clip, clip)
             clipped_error = clipped_values - returns
             clipped = clipped_error * clipped_error

@@ -89,7 +89,7 @@ class PPOUpdate:
                 break
             stats: dict[str, list[float]] = {"pi": [], "vf": [], "kl": [], "entropy": []}
             epoch_stats.append(stats)
-            for mb in batch.minibatches(cfg.num_minibatches, self.generator):
+            for mb in grads.minibatches(batch, cfg.num_minibatches, self.generator):
                 fit_pi = epoch < pi_epochs and not pi_stopped
                 fit_vf = epoch < vf_epochs and (separate or not pi_stopped)
                 if not (fit_pi or fit_vf):

@@ -220,7 +220,7 @@ class TRPOUpdate:
         epoch_losses: list[float] = []
         for _ in range(cfg.train_vf_iters):
             losses = []
-            for mb in batch.minibatches(cfg.minibatches, self.generator):
+            for mb in grads.minibatches(batch, cfg.minibatches, self.generator):
                 value = grads.value_term(mb)
                 if not math.isfinite(value):
                     continue
