@@ -226,6 +226,8 @@ class _Rows(Generic[ArrayT]):
 
 
 class Batch(_Rows[Tensor]):
+    __slots__ = ()
+
     def __init__(
         self,
         obs: Tensor,
@@ -266,4 +268,4 @@ class Batch(_Rows[Tensor]):
 
 
 class NumpyBatch(_Rows[np.ndarray]):
-    pass
+    __slots__ = ()
