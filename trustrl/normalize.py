@@ -117,7 +117,7 @@ class RunningMeanStd(nn.Module):
         y *= 1.0 / np.sqrt(var + self.epsilon)
         if out is None:
             out = np.empty(y.shape, dtype=np.float32)
-        return np.minimum(np.maximum(y, -self.clip, out=y), self.clip, out=out)
+        return _clip_(y, self.clip, out)
 
     def update_normalize(
         self, x: np.ndarray, out: np.ndarray | None = None, rows: np.ndarray | None = None
@@ -144,14 +144,13 @@ class RunningMeanStd(nn.Module):
         delta /= np.sqrt(var + self.epsilon)
         if out is None:
             out = np.empty(delta.shape, dtype=np.float32)
-        return np.minimum(np.maximum(delta, -self.clip, out=delta), self.clip, out=out)
+        return _clip_(delta, self.clip, out)
 
     def scale_array(self, x: np.ndarray) -> np.ndarray:
-        """Divide by the standard deviation only (reward scaling keeps the sign and offset)."""
+        """Divide by the standard deviation only (reward scaling keeps the sign and offset),
+        for scalar statistics (the reward scale)."""
         _, var, _ = self.arrays()
-        if var.ndim == 0:  # the reward scale: one number
-            return _clip_(x * (1.0 / math.sqrt(float(var) + self.epsilon)), self.clip)
-        return _clip_(x * (1.0 / np.sqrt(var + self.epsilon)), self.clip)
+        return _clip_(x * (1.0 / math.sqrt(float(var) + self.epsilon)), self.clip)
 
 
 def _welford(mean: float, var: float, count: float, x: float) -> tuple[float, float, float]:
@@ -162,7 +161,7 @@ def _welford(mean: float, var: float, count: float, x: float) -> tuple[float, fl
     return mean + delta / total, var, total
 
 
-def _clip_(x: np.ndarray, bound: float) -> np.ndarray:
-    """``np.clip(x, -bound, bound)`` in place, as two ufuncs: np.clip's Python wrapper
-    costs more than the clipping on a few rows."""
-    return np.minimum(np.maximum(x, -bound, out=x), bound, out=x)
+def _clip_(x: np.ndarray, bound: float, out: np.ndarray | None = None) -> np.ndarray:
+    """``np.clip(x, -bound, bound)`` in place (into ``out`` when given), as two ufuncs:
+    np.clip's Python wrapper costs more than the clipping on a few rows."""
+    return np.minimum(np.maximum(x, -bound, out=x), bound, out=x if out is None else out)
