@@ -47,13 +47,13 @@ class RunningMeanStd(nn.Module):
 
     def arrays(self) -> _Arrays:
         """(mean, var, count) as numpy views of the buffers."""
-        return self._views()[1]
+        return self._views()[0]
 
     def flat_arrays(self) -> _Arrays:
         """(mean, var, count) as the kernels take them: views of shape (D,), (D,), (1,)."""
-        return self._views()[2]
+        return self._views()[1]
 
-    def _views(self) -> tuple[Tensor, _Arrays, _Arrays]:
+    def _views(self) -> tuple[_Arrays, _Arrays]:
         # Cached while the buffers are the same tensors (``load_state_dict`` copies in
         # place, so the views stay valid); _buffers directly, as nn.Module's attribute
         # lookup is slow for a per-step call.
@@ -62,7 +62,7 @@ class RunningMeanStd(nn.Module):
             shaped = (self.mean.numpy(), self.var.numpy(), self.count.numpy())
             flat = (shaped[0].reshape(-1), shaped[1].reshape(-1), shaped[2].reshape(1))
             cached = self._arrays = (self.mean, shaped, flat)
-        return cached
+        return cached[1], cached[2]
 
     def update(self, batch: Tensor | np.ndarray) -> None:
         """Fold in a batch of shape (B, *shape), one sample at a time (Welford)."""
@@ -92,15 +92,17 @@ class RunningMeanStd(nn.Module):
         self, x: np.ndarray, out: np.ndarray | None = None, rows: np.ndarray | None = None
     ) -> np.ndarray:
         """``update`` with the rows ``rows`` of x (all by default), then
-        ``normalize_array(x, out)``: the collector's step, one compiled call. x and out are
-        (B, D), for statistics of shape (D,)."""
+        ``normalize_array(x, out)``: the collector's step, one compiled call."""
         if rows is not None:
             self.update(x[rows])
             return self.normalize_array(x, out)
         mean, var, count = self.flat_arrays()
         if out is None:
             out = np.empty(x.shape, dtype=np.float32)
-        _kernels().fold_standardize(x, mean, var, count, self.epsilon, self.clip, out)
+        dims = len(mean)
+        _kernels().fold_standardize(
+            x.reshape(-1, dims), mean, var, count, self.epsilon, self.clip, out.reshape(-1, dims)
+        )
         return out
 
     def scale_rewards(
