@@ -74,15 +74,12 @@ def test_forward_standardizes_and_clips() -> None:
     torch.testing.assert_close(rms_wide(x), expected_wide.float(), rtol=1e-6, atol=1e-6)
 
 
-def test_reward_scale_divides_only() -> None:
+def test_scale_divides_only() -> None:
     rms = RunningMeanStd((), clip=5.0, epsilon=0.0)
     rms.update(torch.tensor([10.0, 14.0]))  # mean 12, var 4 -> std 2
     x = torch.tensor([4.0, -3.0, 0.0, 12.0, 100.0])
     # No mean subtraction: 12 scales to 6, clipped to 5; the sign is kept.
-    one_step = x.numpy().astype(np.float64)[None]  # one step of five rows, no folding
-    no = np.zeros_like(one_step, dtype=bool)
-    scaled = rms.scale_rewards(one_step, no, no, np.zeros(5), 0.99, train=False)
-    np.testing.assert_allclose(scaled[0], [2.0, -1.5, 0.0, 5.0, 5.0])
+    np.testing.assert_allclose(rms.scale_array(x.numpy()), [2.0, -1.5, 0.0, 5.0, 5.0])
     torch.testing.assert_close(rms(x), torch.tensor([-4.0, -5.0, -5.0, 0.0, 5.0]))
 
 
@@ -133,7 +130,7 @@ def test_numpy_normalize_matches_forward() -> None:
 
 @pytest.mark.parametrize("rows", [1, 3])
 def test_update_normalize_is_update_then_normalize(rows: int) -> None:
-    """The collector's combined step against the two calls."""
+    """The collector's combined step (with its one-row shortcut) against the two calls."""
     data = np.random.default_rng(6).normal(2.0, 3.0, size=(40, rows, 5)).astype(np.float32)
     combined, separate = RunningMeanStd(5, clip=4.0), RunningMeanStd(5, clip=4.0)
     for x in data:
@@ -155,31 +152,15 @@ def test_update_normalize_takes_in_only_the_given_rows() -> None:
     assert rms.count.item() == 2
 
 
-@pytest.mark.parametrize("train", [True, False])
-def test_scale_rewards_against_a_step_by_step_reference(train: bool) -> None:
-    """Per step: discounted returns of the valid rows folded in (with train), every row
-    scaled by the spread so far, a row's return restarted after it is done."""
-    rng = np.random.default_rng(7)
-    steps, rows, gamma = 30, 3, 0.9
-    reward = rng.normal(1.0, 2.0, size=(steps, rows))
-    valid = rng.random((steps, rows)) > 0.2
-    done = rng.random((steps, rows)) > 0.8
-    start = rng.normal(size=rows)
-
-    batched, reference = RunningMeanStd((), clip=3.0), RunningMeanStd((), clip=3.0)
-    discounted = start.copy()
-    got = batched.scale_rewards(reward, valid, done, discounted, gamma, train)
-
-    ret, seen, expected = start.copy(), [], np.empty_like(reward)
-    for t in range(steps):
-        ret = ret * gamma + reward[t]
-        if train:
-            seen.extend(ret[valid[t]])
-        var = np.var(seen) if seen else 1.0
-        expected[t] = np.clip(reward[t] / np.sqrt(var + reference.epsilon), -3.0, 3.0)
-        ret[done[t]] = 0.0
-    np.testing.assert_allclose(got, expected, rtol=1e-10)
-    np.testing.assert_allclose(discounted, ret, rtol=1e-12)
-    assert batched.count.item() == len(seen)
-    if train:
-        assert batched.var.item() == pytest.approx(np.var(seen), rel=1e-10)
+def test_update_and_scale_matches_step_by_step_calls() -> None:
+    fold = [1.5, None, -2.0, 4.0, None, 0.5]
+    values = [1.0, 2.0, -3.0, 0.5, 8.0, -1.0]
+    batched, stepwise = RunningMeanStd((), clip=3.0), RunningMeanStd((), clip=3.0)
+    got = batched.update_and_scale(fold, values)
+    expected = []
+    for x, v in zip(fold, values, strict=True):
+        if x is not None:
+            stepwise.update(np.array([x]))
+        expected.append(float(stepwise.scale_array(np.array([v]))[0]))
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    assert batched.count.item() == 4 and batched.var.item() == pytest.approx(stepwise.var.item())

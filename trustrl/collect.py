@@ -290,7 +290,7 @@ class Collector:
         train: bool,
     ) -> None:
         """The rollout's validity, rewards and endings from the raw steps; the episodes that
-        ended, in step order; the reward scaling."""
+        ended, in step order; the reward scaling, step by step as it would have run live."""
         valid = view["valid"]  # (T, rows): alive, from _act (every row of a Gymnasium env)
         if lane.alive is None:
             valid[:] = True
@@ -308,10 +308,8 @@ class Collector:
         self._track_episodes(lane, reward, valid, done, stats)
         if self.reward_scaler is None:
             view["rewards"][:] = reward
-        else:  # step by step as it would have run live (see scale_rewards)
-            view["rewards"][:] = self.reward_scaler.scale_rewards(
-                reward, valid, done, lane.discounted_return, self.gamma, train
-            )
+        else:
+            view["rewards"][:] = self._scale(lane, reward, valid, done, train)
         lane.resetting = done[-1].copy()
 
     def _track_episodes(
@@ -336,6 +334,35 @@ class Collector:
         unfinished = np.arange(len(reward))[:, None] >= start
         lane.episode_return += np.where(unfinished, reward, 0.0).sum(0)
         lane.episode_length += (valid & unfinished).sum(0)
+
+    def _scale(
+        self, lane: _Lane, reward: np.ndarray, valid: np.ndarray, done: np.ndarray, train: bool
+    ) -> np.ndarray:
+        """(T, rows) rewards / std(discounted return) (Engstrom et al. 2020's reward
+        scaling), step by step as it would have run live: step t's scale has seen the
+        discounted returns up to step t."""
+        scaler = self.reward_scaler
+        assert scaler is not None
+        gamma = self.gamma
+        if reward.shape[1] == 1:  # one row: Python floats, no numpy call per step
+            discounted = float(lane.discounted_return[0])
+            fold: list[float | None] = []
+            columns = (reward[:, 0].tolist(), valid[:, 0].tolist(), done[:, 0].tolist())
+            for r, ok, end in zip(*columns, strict=True):
+                discounted = discounted * gamma + r
+                fold.append(discounted if train and ok else None)
+                if end:
+                    discounted = 0.0
+            lane.discounted_return[0] = discounted
+            return np.array(scaler.update_and_scale(fold, columns[0]))[:, None]
+        out = np.empty_like(reward)
+        for t in range(len(reward)):
+            lane.discounted_return = lane.discounted_return * gamma + reward[t]
+            if train:
+                scaler.update(lane.discounted_return[valid[t]])
+            lane.discounted_return[done[t]] = 0.0
+            out[t] = scaler.scale_array(reward[t])
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -9,24 +9,19 @@ inputs). The same class scales rewards by the spread of the discounted return.
 
 from __future__ import annotations
 
-import functools
-from types import ModuleType
+import math
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-_Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # (mean, var, count)
-
 
 class RunningMeanStd(nn.Module):
-    """Mean and (population) variance over every sample seen.
+    """Mean and (population) variance over every batch seen, merged in parallel form.
 
-    ``update`` folds a batch in with Welford's update, one sample at a time (a compiled
-    loop, ``kernels.fold``: the collector calls it every step on a handful of rows, where
-    numpy's per-call cost would dominate); ``forward`` standardizes and clips. Statistics
-    are float64 buffers, so they ride along in ``state_dict`` and survive long runs without
-    drift.
+    ``update`` folds a batch in with Chan et al.'s pairwise update of Welford's
+    statistics; ``forward`` standardizes and clips. Statistics are float64 buffers,
+    so they ride along in ``state_dict`` and survive long runs without drift.
     """
 
     mean: Tensor
@@ -38,100 +33,135 @@ class RunningMeanStd(nn.Module):
     ):
         super().__init__()
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        self.clip = float(clip)
-        self.epsilon = float(epsilon)
+        self.clip = clip
+        self.epsilon = epsilon
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
-        self._arrays: tuple[Tensor, _Arrays, _Arrays] | None = None
+        self._arrays: tuple[Tensor, np.ndarray, np.ndarray, np.ndarray] | None = None
 
-    def arrays(self) -> _Arrays:
-        """(mean, var, count) as numpy views of the buffers."""
-        return self._views()[0]
-
-    def flat_arrays(self) -> _Arrays:
-        """(mean, var, count) as the kernels take them: views of shape (D,), (D,), (1,)."""
-        return self._views()[1]
-
-    def _views(self) -> tuple[_Arrays, _Arrays]:
-        # Cached while the buffers are the same tensors (``load_state_dict`` copies in
-        # place, so the views stay valid); _buffers directly, as nn.Module's attribute
-        # lookup is slow for a per-step call.
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(mean, var, count) as numpy views of the buffers (cached while they are the same
+        tensors; ``load_state_dict`` copies in place, so the views stay valid)."""
         cached = self._arrays
+        # _buffers directly: nn.Module's attribute lookup is slow for a per-step call.
         if cached is None or cached[0] is not self._buffers["mean"]:
-            shaped = (self.mean.numpy(), self.var.numpy(), self.count.numpy())
-            flat = (shaped[0].reshape(-1), shaped[1].reshape(-1), shaped[2].reshape(1))
-            cached = self._arrays = (self.mean, shaped, flat)
-        return cached[1], cached[2]
+            views = (self.mean.numpy(), self.var.numpy(), self.count.numpy())
+            cached = self._arrays = (self.mean, *views)
+        return cached[1], cached[2], cached[3]
 
     def update(self, batch: Tensor | np.ndarray) -> None:
-        """Fold in a batch of shape (B, *shape), one sample at a time (Welford)."""
-        mean, var, count = self.flat_arrays()
-        _kernels().fold(np.asarray(batch).reshape(-1, len(mean)), mean, var, count)
+        """Fold in a batch of shape (B, *shape).
+
+        In numpy on views of the buffers: the collector calls this every env step, on a
+        handful of rows, where a dozen torch ops would cost more than the rest of the step.
+        The count is a Python float here, so the scalar arithmetic costs no numpy calls.
+        """
+        mean, var, count = self.arrays()
+        batch = np.asarray(batch).reshape(-1, *mean.shape)
+        n = batch.shape[0]
+        if n == 0:
+            return
+        if n == 1 and mean.ndim == 0:  # one scalar (a reward)
+            self.update_scalar(float(batch[0]))
+            return
+        old = float(count)
+        total = old + n
+        if n == 1:  # one env: the batch variance is 0, skip numpy's mean and var
+            delta = batch[0] - mean
+            var *= old / total
+            var += delta * delta * (old / (total * total))
+        else:
+            batch = batch.astype(np.float64, copy=False)
+            batch_mean = batch.mean(0)
+            centered = batch - batch_mean
+            batch_var = (centered * centered).mean(0)
+            delta = batch_mean - mean
+            var *= old / total
+            var += batch_var * (n / total) + delta * delta * (old * n / (total * total))
+        mean += delta * (n / total)
+        count[...] = total
+
+    def update_scalar(self, x: float) -> None:
+        """``update`` with one number, for scalar statistics: Python floats throughout, so
+        the arithmetic costs no numpy calls."""
+        mean, var, count = self.arrays()
+        mean[...], var[...], count[...] = _welford(float(mean), float(var), float(count), x)
+
+    def update_and_scale(self, fold: list[float | None], values: list[float]) -> list[float]:
+        """Scalar statistics, step by step: fold ``fold[i]`` in (None: nothing this step),
+        then scale ``values[i]`` by the spread so far, as ``scale_array`` does. Python
+        floats throughout and the buffers written once: no numpy call per element."""
+        mean_buf, var_buf, count_buf = self.arrays()
+        mean, var, count = float(mean_buf), float(var_buf), float(count_buf)
+        epsilon, clip = self.epsilon, self.clip
+        scaled = []
+        for x, value in zip(fold, values, strict=True):
+            if x is not None:
+                mean, var, count = _welford(mean, var, count, x)
+            scaled.append(min(max(value * (1.0 / math.sqrt(var + epsilon)), -clip), clip))
+        mean_buf[...], var_buf[...], count_buf[...] = mean, var, count
+        return scaled
 
     def forward(self, x: Tensor) -> Tensor:
         scale = torch.rsqrt(self.var.to(x.dtype) + self.epsilon)
         return ((x - self.mean.to(x.dtype)) * scale).clamp(-self.clip, self.clip)
 
-    # The collector's versions, on numpy arrays (compiled loops: see kernels.py).
+    # The collector's numpy versions (per env step, numpy ops cost a fraction of torch's).
 
     def normalize_array(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """``forward`` on an array (B, *shape), into ``out`` (float32; a new array by
-        default). The arithmetic runs on the float64 statistics and is rounded once, when
-        written."""
-        mean, var, _ = self.flat_arrays()
+        """``forward`` on an array, into ``out`` (float32; a new array by default). The
+        arithmetic runs on the float64 statistics and is rounded once, when written."""
+        mean, var, _ = self.arrays()
+        y = x - mean
+        y *= 1.0 / np.sqrt(var + self.epsilon)
         if out is None:
-            out = np.empty(x.shape, dtype=np.float32)
-        dims = len(mean)
-        _kernels().standardize(
-            x.reshape(-1, dims), mean, var, self.epsilon, self.clip, out.reshape(-1, dims)
-        )
-        return out
+            out = np.empty(y.shape, dtype=np.float32)
+        return _clip_(y, self.clip, out)
 
     def update_normalize(
         self, x: np.ndarray, out: np.ndarray | None = None, rows: np.ndarray | None = None
     ) -> np.ndarray:
         """``update`` with the rows ``rows`` of x (all by default), then
-        ``normalize_array(x, out)``: the collector's step, one compiled call."""
-        if rows is not None:
-            self.update(x[rows])
+        ``normalize_array(x, out)``: the collector's step.
+
+        One row (one env) takes a shortcut: with d = x - the old mean, the new mean is
+        old + d / n, so x - new mean = d (n - 1) / n, and the subtraction is not repeated.
+        """
+        mean, var, count = self.arrays()
+        if rows is not None or x.shape[0] != 1 or mean.ndim != 1:
+            self.update(x if rows is None else x[rows])
             return self.normalize_array(x, out)
-        mean, var, count = self.flat_arrays()
+        old = float(count)
+        total = old + 1.0
+        delta = x - mean  # (1, D)
+        row = delta[0]
+        mean += row / total
+        var *= old / total
+        var += row * row * (old / (total * total))
+        count[...] = total
+        delta *= old / total  # x - the new mean
+        delta /= np.sqrt(var + self.epsilon)
         if out is None:
-            out = np.empty(x.shape, dtype=np.float32)
-        dims = len(mean)
-        _kernels().fold_standardize(
-            x.reshape(-1, dims), mean, var, count, self.epsilon, self.clip, out.reshape(-1, dims)
-        )
-        return out
+            out = np.empty(delta.shape, dtype=np.float32)
+        return _clip_(delta, self.clip, out)
 
-    def scale_rewards(
-        self,
-        reward: np.ndarray,
-        valid: np.ndarray,
-        done: np.ndarray,
-        discounted: np.ndarray,
-        gamma: float,
-        train: bool,
-    ) -> np.ndarray:
-        """A rollout's (T, rows) rewards divided by the spread of the discounted return
-        (Engstrom et al. 2020's reward scaling; scalar statistics), step by step as it
-        would have run live: with ``train``, step t's valid rows fold their discounted
-        returns (``discounted``, (rows,), carried across rollouts and updated in place) in
-        before step t is scaled; a row's return restarts after ``done``. The scale keeps
-        the sign and offset of a reward and clips it to the bound."""
-        mean, var, count = self.flat_arrays()
-        out = np.empty_like(reward)
-        _kernels().scale_rewards(
-            reward, valid, done, discounted, gamma, train, mean, var, count,
-            self.epsilon, self.clip, out,
-        )  # fmt: skip
-        return out
+    def scale_array(self, x: np.ndarray) -> np.ndarray:
+        """Divide by the standard deviation only (reward scaling keeps the sign and offset),
+        for scalar statistics (the reward scale)."""
+        _, var, _ = self.arrays()
+        return _clip_(x * (1.0 / math.sqrt(float(var) + self.epsilon)), self.clip)
 
 
-@functools.cache
-def _kernels() -> ModuleType:
-    """The compiled loops, imported (and numba with them) on first use."""
-    from trustrl import kernels
+def _welford(mean: float, var: float, count: float, x: float) -> tuple[float, float, float]:
+    """(mean, population variance, count) with one more number ``x`` folded in."""
+    total = count + 1.0
+    delta = x - mean
+    var = var * (count / total) + delta * delta * (count / (total * total))
+    return mean + delta / total, var, total
 
-    return kernels
+
+def _clip_(x: np.ndarray, bound: float, out: np.ndarray | None = None) -> np.ndarray:
+    """``np.clip(x, -bound, bound)`` in place (into ``out`` when given), as two ufuncs:
+    np.clip's Python wrapper costs more than the clipping on a few rows."""
+    return np.minimum(np.maximum(x, -bound, out=x), bound, out=x if out is None else out)
