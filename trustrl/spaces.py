@@ -124,6 +124,8 @@ class SpaceSpec:
         if self.action_kind == "box":
             # Two ufuncs: np.clip's Python wrapper costs more than the clip on a few rows.
             array = np.minimum(np.maximum(array, self._low_array), self._high_array)
+            if len(self.env_action_shape) == 1:  # already (B, k)
+                return array
             return array.reshape(len(array), *self.env_action_shape)
         return array
 
