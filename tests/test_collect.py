@@ -26,6 +26,7 @@ from trustrl.config import PolicyConfig, config_from_dict, merge
 from trustrl.inference import Inference
 from trustrl.policy import Policy
 from trustrl.rollout import Rollout
+from trustrl.spaces import SpaceSpec
 from trustrl.trainer import Trainer
 
 NEXT_STEP = gym.vector.AutoresetMode.NEXT_STEP
@@ -579,3 +580,16 @@ def test_multiagent_rollout_log_probs_and_values_are_the_policys(
     trainer = Trainer(config_from_dict(table))
     trainer.train(iterations=1)
     _rollout_matches_policy(trainer)
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 2)])
+def test_to_env_clips_box_actions_and_gives_the_env_its_shape(shape: tuple[int, ...]) -> None:
+    spec = SpaceSpec.from_spaces(
+        gym.spaces.Box(-1.0, 1.0, (4,), np.float32),
+        gym.spaces.Box(-0.5, 2.0, shape, np.float32),
+        False,
+    )
+    flat = np.array([[-3.0, 0.25, 5.0, 1.0][: int(np.prod(shape))]] * 2, dtype=np.float32)
+    env_actions = spec.to_env(flat)
+    assert env_actions.shape == (2, *shape)
+    np.testing.assert_array_equal(env_actions.reshape(2, -1), np.clip(flat, -0.5, 2.0))
