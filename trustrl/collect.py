@@ -274,7 +274,7 @@ class Collector:
         critic_row = view["critic_obs"][t] if "critic_obs" in view else None
         x, _ = self._inputs(lane, inference, train, view["obs"][t], critic_row)
         actions, acting.out[t] = inference.act(x, lane.mask, acting.noise[t], lane.agent)
-        view["actions"][t] = actions.reshape(view["actions"].shape[1:])
+        view["actions"][t] = actions
         if lane.alive is not None:  # rows of agents still playing; _settle does the rest
             view["valid"][t] = lane.alive
         if "action_mask" in view and lane.mask is not None:

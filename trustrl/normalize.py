@@ -125,8 +125,9 @@ class RunningMeanStd(nn.Module):
         """``update`` with the rows ``rows`` of x (all by default), then
         ``normalize_array(x, out)``: the collector's step.
 
-        One row (one env) takes a shortcut: with d = x - the old mean, the new mean is
-        old + d / n, so x - new mean = d (n - 1) / n, and the subtraction is not repeated.
+        One row (one env) takes a shortcut in thirteen numpy calls: with d = x - the old
+        mean, x - the new mean is d (n - 1) / n, which gives the new mean, the variance's
+        increment and the standardized row without repeating the subtraction.
         """
         mean, var, count = self.arrays()
         if rows is not None or x.shape[0] != 1 or mean.ndim != 1:
@@ -134,17 +135,22 @@ class RunningMeanStd(nn.Module):
             return self.normalize_array(x, out)
         old = float(count)
         total = old + 1.0
-        delta = x - mean  # (1, D)
-        row = delta[0]
-        mean += row / total
+        row = x[0]
+        delta = row - mean  # x - the old mean
+        shifted = delta * (old / total)  # x - the new mean
+        np.subtract(row, shifted, out=mean)
+        delta *= shifted
+        delta *= 1.0 / total  # d^2 (n - 1) / n^2
         var *= old / total
-        var += row * row * (old / (total * total))
+        var += delta
         count[...] = total
-        delta *= old / total  # x - the new mean
-        delta /= np.sqrt(var + self.epsilon)
+        np.add(var, self.epsilon, out=delta)
+        np.sqrt(delta, out=delta)
+        shifted /= delta
         if out is None:
-            out = np.empty(delta.shape, dtype=np.float32)
-        return _clip_(delta, self.clip, out)
+            out = np.empty(x.shape, dtype=np.float32)
+        _clip_(shifted, self.clip, out[0])
+        return out
 
     def scale_array(self, x: np.ndarray) -> np.ndarray:
         """Divide by the standard deviation only (reward scaling keeps the sign and offset),
