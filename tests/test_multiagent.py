@@ -738,8 +738,10 @@ def test_register_agent_keeps_existing_agents_and_gives_the_new_one_an_actor(mod
         after = policy.dist_params(obs, None, old_agents), policy.value(obs, critic_obs, old_agents)
         new = torch.full((8,), 2)
         params = policy.dist_params(obs, None, new)
-    torch.testing.assert_close(after[0], before[0], rtol=0, atol=0)
-    torch.testing.assert_close(after[1], before[1], rtol=0, atol=0)
+    # Equal to float32 rounding, not bit for bit: the stacked layer's one matmul now has
+    # 3 agents' columns, and BLAS may block a wider matmul differently (1 ulp on AMD EPYC).
+    torch.testing.assert_close(after[0], before[0])
+    torch.testing.assert_close(after[1], before[1])
     assert params.shape == (8, 4) and torch.isfinite(params).all()
     assert torch.allclose(params.exp().sum(-1), torch.ones(8))
     if mode == "per_agent":
