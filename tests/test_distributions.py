@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch.distributions import Categorical, Independent, Normal, kl_divergence
 
-from trustrl.distributions import CategoricalHead, DiagGaussianHead, MultiCategoricalHead
+from trustrl.distributions import (
+    CategoricalHead,
+    DiagGaussianHead,
+    MultiCategoricalHead,
+    log_softmax_array,
+    row_max,
+    row_sum,
+)
 
 IN_FEATURES = 4
 BATCH = 6
@@ -232,3 +240,16 @@ def test_sampling_reproducible_with_same_generator_seed(kind: str, request) -> N
     other = head.sample(params, torch.Generator().manual_seed(124))
     assert torch.equal(first, second)
     assert not torch.equal(first, other)
+
+
+@pytest.mark.parametrize("columns", [1, 2, 5, 16, 17, 40])
+def test_numpy_row_reductions_and_log_softmax(columns: int) -> None:
+    """The numpy paths' row max, row sum and log-softmax against numpy's own (both of
+    row_max's ways: columns up to 16 and more)."""
+    x = np.random.default_rng(columns).normal(0.0, 30.0, size=(33, columns)).astype(np.float32)
+    np.testing.assert_array_equal(row_max(x), x.max(-1, keepdims=True))
+    np.testing.assert_allclose(row_sum(x), x.sum(-1, keepdims=True), rtol=1e-5, atol=1e-3)
+    block = x[:, : max(1, columns // 2)]  # a strided view, as the multi-categorical blocks
+    np.testing.assert_array_equal(row_max(block), block.max(-1, keepdims=True))
+    expected = torch.log_softmax(torch.from_numpy(x), -1).numpy()
+    np.testing.assert_allclose(log_softmax_array(x), expected, rtol=1e-5, atol=1e-5)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -229,3 +230,33 @@ class DiagGaussianHead(nn.Module):
         var_ratio = torch.exp(2 * (log_std_old - log_std_new))
         mean_term = (mean_old - mean_new).square() * torch.exp(-2 * log_std_new)
         return (0.5 * (var_ratio + mean_term - 1) - (log_std_old - log_std_new)).sum(-1)
+
+
+# numpy versions, for the numpy paths (the collector's inference.py, the update's grads.py).
+
+
+def log_softmax_array(logits: np.ndarray) -> np.ndarray:
+    """Log-softmax over the last axis of (n, K) logits, as ``row_max`` and ``row_sum``
+    let it run fast on a few columns."""
+    shifted = logits - row_max(logits)
+    return shifted - np.log(row_sum(np.exp(shifted)))
+
+
+def row_max(x: np.ndarray) -> np.ndarray:
+    """(n, K) -> (n, 1), each row's maximum. numpy's reduction along a short last axis is
+    slow (10 µs for 256 x 2 and 146 µs for 4,096 x 2 here), so up to 16 columns it runs as
+    elementwise maxima of the columns instead (1.9 and 4.4 µs)."""
+    columns = x.shape[1]
+    if columns > 16:
+        return x.max(-1, keepdims=True)
+    out = x[:, :1].copy()
+    for k in range(1, columns):
+        np.maximum(out, x[:, k : k + 1], out=out)
+    return out
+
+
+def row_sum(x: np.ndarray) -> np.ndarray:
+    """(n, K) -> (n, 1), each row's sum, as a matmul with ones: several times faster than
+    ``x.sum(-1)`` along a short last axis (1.9 against 4.9 µs for 256 x 2, 2.9 against 61
+    for 4,096 x 2)."""
+    return x @ np.ones((x.shape[1], 1), dtype=x.dtype)

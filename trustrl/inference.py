@@ -32,6 +32,7 @@ from trustrl.distributions import (
     DiagGaussianHead,
     MultiCategoricalHead,
     StackedLinear,
+    log_softmax_array,
 )
 from trustrl.policy import StackedMLP
 
@@ -76,8 +77,7 @@ def _mlp(module: nn.Module) -> list[_Linear]:
 def _log_softmax(logits: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     if mask is not None:
         logits = np.where(mask, logits, np.float32(MASKED_LOGIT))
-    shifted = logits - logits.max(-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    return log_softmax_array(logits)
 
 
 class Inference:

@@ -36,6 +36,8 @@ from trustrl.distributions import (
     CategoricalHead,
     DiagGaussianHead,
     MultiCategoricalHead,
+    log_softmax_array,
+    row_sum,
 )
 from trustrl.losses import (
     approx_kl,
@@ -292,7 +294,7 @@ class NumpyGradients:
             assert self.log_std is not None
             inv_std = np.exp(-self.log_std)
             z = (actions - out) * inv_std
-            logprob = (np.float32(-0.5) * z * z - self.log_std - _LOG_SQRT_2PI).sum(-1)
+            logprob = row_sum(np.float32(-0.5) * z * z - self.log_std - _LOG_SQRT_2PI)[:, 0]
             entropy = float(np.sum(np.float32(0.5) + _LOG_SQRT_2PI + self.log_std))
             cache: tuple = (z, inv_std)
         else:
@@ -301,16 +303,13 @@ class NumpyGradients:
                 out = np.where(mask, out, np.float32(MASKED_LOGIT))
             rows = np.arange(n)
             if len(self.blocks) == 1:  # Discrete: no per-block copies
-                shifted = out - out.max(-1, keepdims=True)
-                log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+                log_probs = log_softmax_array(out)
                 logprob = log_probs[rows, actions]
             else:
                 log_probs = np.empty_like(out)
                 logprob = np.zeros(n, dtype=np.float32)
                 for i, (lo, hi) in enumerate(self.blocks):
-                    block = out[:, lo:hi]
-                    shifted = block - block.max(-1, keepdims=True)
-                    log_probs[:, lo:hi] = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+                    log_probs[:, lo:hi] = log_softmax_array(out[:, lo:hi])
                     logprob += log_probs[rows, lo + actions[:, i]]
             probs = np.exp(log_probs)
             # The mean over rows of each row's summed entropies: one sum over everything.
@@ -407,7 +406,7 @@ class NumpyGradients:
                 block_entropy = np.empty_like(log_probs)
                 plogp = probs * log_probs
                 for lo, hi in self.blocks:
-                    block_entropy[:, lo:hi] = -plogp[:, lo:hi].sum(-1, keepdims=True)
+                    block_entropy[:, lo:hi] = -row_sum(plogp[:, lo:hi])
                 d_out += (ent_coef / n) * probs * (log_probs + block_entropy)
             if mask is not None:
                 d_out *= mask  # masked logits were replaced by a constant
