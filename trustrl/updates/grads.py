@@ -298,7 +298,7 @@ class NumpyGradients:
             entropy = float(np.sum(np.float32(0.5) + _LOG_SQRT_2PI + self.log_std))
             cache: tuple = (z, inv_std)
         else:
-            mask = mb.action_mask if mb.action_mask is not None else None
+            mask = mb.action_mask
             if mask is not None:
                 out = np.where(mask, out, np.float32(MASKED_LOGIT))
             rows = np.arange(n)
