@@ -5,9 +5,10 @@
     .venv/bin/python benchmarks/run.py --quick          # smoke run, tiny budgets
 
 Each run is a fresh subprocess (benchmarks/worker.py). Within a case the two libraries
-alternate, trustrl then the peer, pair after pair, with the env-only ceilings measured
-after each pair, so slow drift of a shared machine lands on both sides alike; ratios are
-taken per pair and summarized by their median. See benchmarks/README.md.
+alternate, trustrl then the peer, pair after pair, each next to the env-only ceiling of
+its own env stack (trustrl's just before it, the peer's just after), so slow drift of a
+shared machine lands on both sides alike; ratios are taken per pair and summarized by
+their median. See benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -583,8 +584,9 @@ def main() -> None:
             s = cases.settings(case_id, args.quick)
             print(f"\ncase {case_id}: {case['title']}", flush=True)
             runs: list[dict[str, Any]] = []
-            sides = ["trustrl"] + (["sb3"] if case["peer"] else [])
-            sides += ["ceiling"] + (["ceiling-sb3"] if case["peer"] else [])
+            # Each library's run next to the ceiling of its own env stack, so the
+            # collection / ceiling ratio spans minutes of drift, not a whole pair.
+            sides = ["ceiling", "trustrl"] + (["sb3", "ceiling-sb3"] if case["peer"] else [])
             for pair in range(pairs):
                 for side in sides:
                     job = {
