@@ -282,7 +282,10 @@ def fmt(value: float | None, digits: int = 0) -> str:
 
 
 def fmt_ratio(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}x"
+    """Two decimals; three below 1, where a time ratio meets its target of 0.25 or not."""
+    if value is None:
+        return "n/a"
+    return f"{value:.3f}x" if value < 1 else f"{value:.2f}x"
 
 
 def fmt_list(values: list[float | None], digits: int = 2, suffix: str = "") -> str:
