@@ -47,3 +47,16 @@ def test_batched_episodes_equal_sequential_ones(env_id: str) -> None:
     np.testing.assert_allclose(result.returns, returns, rtol=1e-5)
     if env_id == "CartPole-v1":
         assert len(set(lengths)) > 1
+
+
+def test_stochastic_evaluation_samples_and_is_reproducible_per_seed() -> None:
+    env = gym.make("CartPole-v1")
+    spec = SpaceSpec.from_spaces(env.observation_space, env.action_space, False)
+    env.close()
+    torch.manual_seed(0)
+    policy = Policy(spec, PolicyConfig(hidden_sizes=(8,)))  # near-uniform over 2 actions
+    first = evaluate(policy, "CartPole-v1", episodes=6, deterministic=False, seed=3)
+    again = evaluate(policy, "CartPole-v1", episodes=6, deterministic=False, seed=3)
+    greedy = evaluate(policy, "CartPole-v1", episodes=6, deterministic=True, seed=3)
+    assert first.lengths == again.lengths
+    assert first.lengths != greedy.lengths  # sampled, not the mode

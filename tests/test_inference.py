@@ -89,6 +89,31 @@ def test_log_probs_and_values_match_torch(space: str, layout: str, activation: s
     np.testing.assert_allclose(value, expected_v.numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("space", SPACES)
+def test_mode_is_the_torch_heads_mode(space: str, layout: str) -> None:
+    """``mode`` (evaluation's deterministic action) is ``head.mode``, masks included."""
+    policy = make(space, layout)
+    x, _, agent = inputs(policy)
+    width = Inference(policy).width
+    mask = None
+    if space != "box":  # one forbidden action per row (per block), never a block's only one
+        mask = np.ones((ROWS, width), dtype=bool)
+        mask[np.arange(ROWS), np.arange(ROWS) % 2] = False
+    with torch.no_grad():
+        t_mask = torch.from_numpy(mask) if mask is not None else None
+        params = policy.dist_params(torch.from_numpy(x), t_mask, torch.from_numpy(agent))
+        expected = policy.head.mode(params).numpy()
+    actions = Inference(policy).mode(x, mask, agent)
+    if mask is None:
+        np.testing.assert_allclose(actions, expected, rtol=1e-5, atol=1e-6)
+        return
+    np.testing.assert_array_equal(actions, expected)
+    space_nvec = getattr(SPACES[space], "nvec", np.array([width]))
+    offsets = np.concatenate([[0], np.cumsum(space_nvec)[:-1]])
+    assert mask[np.arange(ROWS)[:, None], actions.reshape(ROWS, -1) + offsets].all()
+
+
 def test_weights_are_a_snapshot() -> None:
     """Weights are copied at construction: an update mid-collection cannot mix versions."""
     policy = make("discrete", "single")

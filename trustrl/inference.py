@@ -181,6 +181,13 @@ class Inference:
         blocks = np.split(perturbed, self.splits, -1)
         return np.stack([block.argmax(-1) for block in blocks], -1), out
 
+    def mode(
+        self, x: np.ndarray, mask: np.ndarray | None, agent: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The deterministic actions for normalized observations: ``act`` without noise
+        (the argmax of the logits, per block for multi-discrete, or the Gaussian mean)."""
+        return self.act(x, mask, np.zeros((len(x), self.width), dtype=np.float32), agent)[0]
+
     def log_prob(
         self,
         out: np.ndarray,
