@@ -7,6 +7,7 @@ folder must hold everything the README promises.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tomllib
 from pathlib import Path
@@ -285,3 +286,15 @@ def test_act_cartpole() -> None:
         policy.head.linear.bias.copy_(torch.tensor([0.0, 50.0]))
     assert policy.act(obs) == 1
     env.close()
+
+
+def test_a_resumed_run_keeps_every_iteration_in_tensorboard(tmp_path: Path) -> None:
+    config = dataclasses.replace(
+        smoke_config("CartPole-v1", "sync", False), total_steps=4 * NUM_ENVS * NUM_STEPS
+    )
+    Trainer(config, tmp_path).train(iterations=2)  # pauses with a checkpoint at 2
+    Trainer(config, tmp_path, resume=True).train()
+    rows = read_progress(tmp_path / "progress.csv")
+    scalars = tensorboard_scalars(tmp_path / "tensorboard")
+    assert len(rows) == 4
+    assert [step for step, _ in scalars["loss_pi"]] == [row["env_steps"] for row in rows]

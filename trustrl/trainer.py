@@ -207,8 +207,10 @@ class Trainer:
         if resumed:
             truncate_progress(self.run_dir / "progress.csv", self.iteration)
         progress_file = ProgressFile(self.run_dir / "progress.csv", append=resumed)
+        # A resume hides the events written after its checkpoint (TensorBoard drops those
+        # from purge_step on), and keeps the checkpoint's own row.
         tensorboard = TensorBoardWriter(
-            self.run_dir / "tensorboard", purge_step=self.env_steps or None
+            self.run_dir / "tensorboard", purge_step=self.env_steps + 1 if resumed else None
         )
         bar = ProgressBar(cfg.num_iterations * cfg.batch_size, cfg.env_id, enabled=not cfg.quiet)
         bar.update(self.env_steps, 0.0, None)
