@@ -288,6 +288,37 @@ def test_act_cartpole() -> None:
     env.close()
 
 
+def test_tensorboard_rows_keep_their_wall_times_and_a_resume_purges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows wait for the writer's first flush (FLUSH_SECONDS or close) with the wall time
+    they were written at; a writer opened with purge_step hides the events from that step
+    on (a resume from the checkpoint at step 2 passes 3: the row of step 2 stays)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from trustrl import logging as log
+
+    clock = [1000.0]
+    monkeypatch.setattr(log.time, "time", lambda: clock[0])
+    writer = log.TensorBoardWriter(tmp_path)
+    for step in (1, 2, 3):
+        clock[0] += 10.0
+        writer.write({"loss": float(step), "skipped": math.nan}, step)
+    assert writer.writer is None  # nothing started before a flush is due
+    writer.close()
+    resumed = log.TensorBoardWriter(tmp_path, purge_step=3)
+    clock[0] += 10.0
+    resumed.write({"loss": 20.0}, 3)
+    resumed.close()
+
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert events.Tags()["scalars"] == ["loss"]
+    scalars = events.Scalars("loss")
+    assert [(e.step, e.value) for e in scalars] == [(1, 1.0), (2, 2.0), (3, 20.0)]
+    assert [e.wall_time for e in scalars] == [1010.0, 1020.0, 1040.0]
+
+
 def test_a_resumed_run_keeps_every_iteration_in_tensorboard(tmp_path: Path) -> None:
     config = dataclasses.replace(
         smoke_config("CartPole-v1", "sync", False), total_steps=4 * NUM_ENVS * NUM_STEPS
