@@ -181,6 +181,7 @@ class NumpyGradients:
         self.actor_layers.append(head.linear)
         self.critic_layers = [m for m in policy.critic.modules() if isinstance(m, nn.Linear)]
         self._ones_cache = np.ones(0, dtype=np.float32)
+        self._batch: tuple[Batch, NumpyBatch] | None = None  # the last batch, as numpy
         self._flats: tuple[Tensor, ...] = ()
         self.bind()
 
@@ -230,7 +231,11 @@ class NumpyGradients:
     def minibatches(
         self, batch: Batch, count: int, generator: torch.Generator
     ) -> Iterator[NumpyBatch]:
-        return batch.numpy().minibatches(count, generator)
+        # The numpy view of a batch once per update, not per epoch: some ten .numpy()
+        # calls, a few percent of an epoch of one 256-row minibatch (case 2).
+        if self._batch is None or self._batch[0] is not batch:
+            self._batch = (batch, batch.numpy())
+        return self._batch[1].minibatches(count, generator)
 
     # Forward and backward through an MLP.
 
