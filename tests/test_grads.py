@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from trustrl.config import PolicyConfig, PPOConfig
+from trustrl.distributions import TANH_VIA_SIGMOID_MIN
 from trustrl.optim import Adam
 from trustrl.policy import Policy
 from trustrl.rollout import Batch, Rollout
@@ -49,25 +50,25 @@ def make_policy(space: str, activation: str = "tanh", seed: int = 0, **kwargs) -
     return policy
 
 
-def make_batch(policy: Policy, masked: bool, seed: int = 1) -> Batch:
+def make_batch(policy: Policy, masked: bool, seed: int = 1, rows: int = ROWS) -> Batch:
     """Samples of ``policy`` with perturbed old log-probs and values, so that ratios leave
     the clip range on both sides and the value clip binds for some rows."""
     g = torch.Generator().manual_seed(seed)
-    obs = torch.randn(ROWS, OBS_DIM, generator=g)
+    obs = torch.randn(rows, OBS_DIM, generator=g)
     mask = None
     if masked:
         width = sum(policy.spec.nvec)
-        mask = torch.rand(ROWS, width, generator=g) > 0.4
+        mask = torch.rand(rows, width, generator=g) > 0.4
         for lo, _ in itertools.pairwise(np.cumsum([0, *policy.spec.nvec]).tolist()):
             mask[:, lo] = True  # at least one legal action per block
     actions, logprob, values = (t.clone() for t in policy.step(obs, mask, generator=g))
     return Batch(
         obs=obs,
         actions=actions,
-        logprob=logprob + 0.3 * torch.randn(ROWS, generator=g),
-        values=values + 0.3 * torch.randn(ROWS, generator=g),
-        advantages=torch.randn(ROWS, generator=g) * 2 + 0.5,
-        returns=values + torch.randn(ROWS, generator=g),
+        logprob=logprob + 0.3 * torch.randn(rows, generator=g),
+        values=values + 0.3 * torch.randn(rows, generator=g),
+        advantages=torch.randn(rows, generator=g) * 2 + 0.5,
+        returns=values + torch.randn(rows, generator=g),
         action_mask=mask,
     )
 
@@ -99,7 +100,21 @@ def test_terms_and_gradients_match_autograd(
     space: str, masked: bool, activation: str, options: dict, separate: bool
 ) -> None:
     policy = make_policy(space, activation)
-    batch = make_batch(policy, masked)
+    assert_matches_autograd(policy, make_batch(policy, masked), options, separate)
+
+
+@pytest.mark.parametrize("separate", [False, True], ids=["shared", "separate"])
+def test_large_minibatches_match_autograd(separate: bool) -> None:
+    """Hidden layers of TANH_VIA_SIGMOID_MIN elements and more, whose tanh is the sigmoid
+    form (the minibatches above are below it)."""
+    policy = make_policy("discrete")
+    rows = 520
+    assert rows * min(policy.config.hidden_sizes) >= TANH_VIA_SIGMOID_MIN
+    batch = make_batch(policy, masked=False, rows=rows)
+    assert_matches_autograd(policy, batch, {"ent_coef": 0.01}, separate)
+
+
+def assert_matches_autograd(policy: Policy, batch: Batch, options: dict, separate: bool) -> None:
     lrs = {"pi_lr": 1e-3, "vf_lr": 1e-3} if separate else {}
     config = LossSettings.of(PPOConfig(**options, **lrs))
     opts = optimizers(policy, separate)

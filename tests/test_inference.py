@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from trustrl.config import PolicyConfig
+from trustrl.distributions import TANH_VIA_SIGMOID_MIN
 from trustrl.inference import Inference
 from trustrl.policy import Policy
 from trustrl.spaces import SpaceSpec
@@ -59,22 +60,30 @@ def make(space: str, layout: str, activation: str = "tanh") -> Policy:
     return policy
 
 
-def inputs(policy: Policy, seed: int = 1):
+def inputs(policy: Policy, seed: int = 1, rows: int = ROWS):
     rng = np.random.default_rng(seed)
-    x = rng.normal(size=(ROWS, OBS_DIM)).astype(np.float32)
+    x = rng.normal(size=(rows, OBS_DIM)).astype(np.float32)
     critic = (
-        rng.normal(size=(ROWS, policy.critic_dim)).astype(np.float32) if policy.critic_dim else None
+        rng.normal(size=(rows, policy.critic_dim)).astype(np.float32) if policy.critic_dim else None
     )
-    agent = np.arange(ROWS) % policy.num_agents
+    agent = np.arange(rows) % policy.num_agents
     return x, critic, agent
 
 
+# A rollout's worth of rows: every hidden layer has TANH_VIA_SIGMOID_MIN elements or more.
+LARGE = 520
+
+
+@pytest.mark.parametrize("rows", [ROWS, LARGE], ids=["rows", "large"])
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("space", SPACES)
-def test_log_probs_and_values_match_torch(space: str, layout: str, activation: str) -> None:
+def test_log_probs_and_values_match_torch(
+    space: str, layout: str, activation: str, rows: int
+) -> None:
     policy = make(space, layout, activation)
-    x, critic, agent = inputs(policy)
+    assert LARGE * min(policy.config.hidden_sizes) >= TANH_VIA_SIGMOID_MIN
+    x, critic, agent = inputs(policy, rows=rows)
     actions, logprob, value = Inference(policy).step(
         x, None, np.random.default_rng(0), critic, agent
     )

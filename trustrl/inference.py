@@ -33,6 +33,7 @@ from trustrl.distributions import (
     MultiCategoricalHead,
     StackedLinear,
     log_softmax_array,
+    tanh_array,
 )
 from trustrl.policy import StackedMLP
 
@@ -104,7 +105,7 @@ class Inference:
         self.critic_normalizer = policy.critic_normalizer
         self.value_normalizer = policy.value_normalizer
         self.per_agent = policy.per_agent
-        self.activation = np.tanh if policy.config.activation == "tanh" else _relu
+        self.activation = tanh_array if policy.config.activation == "tanh" else _relu
         self.actor = _mlp(policy.actor)
         self.head = _Linear.of(policy.head.linear)
         self.critic = _mlp(policy.critic)

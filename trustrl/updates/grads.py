@@ -38,6 +38,7 @@ from trustrl.distributions import (
     MultiCategoricalHead,
     log_softmax_array,
     row_sum,
+    tanh_array,
 )
 from trustrl.losses import (
     approx_kl,
@@ -181,6 +182,8 @@ class NumpyGradients:
         self.actor_layers.append(head.linear)
         self.critic_layers = [m for m in policy.critic.modules() if isinstance(m, nn.Linear)]
         self._ones_cache = np.ones(0, dtype=np.float32)
+        # Each layer's output, kept from one minibatch to the next with its tensor view.
+        self._outputs: dict[tuple[str, int], tuple[np.ndarray, Tensor]] = {}
         self._batch: tuple[Batch, NumpyBatch] | None = None  # the last batch, as numpy
         self._flats: tuple[Tensor, ...] = ()
         self.bind()
@@ -245,20 +248,32 @@ class NumpyGradients:
         return self._ones_cache
 
     def _forward(
-        self, layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray
+        self, net: str, layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray
     ) -> list[np.ndarray]:
-        """Every layer's input, then the output (the last layer has no activation)."""
+        """Every layer's input, then the output (the last layer has no activation). The
+        arrays are ``net``'s buffers, which its next forward pass overwrites: the update
+        takes each minibatch's gradient before it runs the next."""
         hidden = [x]
+        last = len(layers) - 1
         for i, (weight, bias) in enumerate(layers):
-            y = hidden[-1] @ weight.T
+            y, view = self._output(net, i, len(x), len(bias))
+            np.matmul(hidden[-1], weight.T, out=y)
             y += bias
-            if i < len(layers) - 1:
+            if i < last:
                 if self.tanh:
-                    np.tanh(y, out=y)
+                    tanh_array(y, view)
                 else:
                     np.maximum(y, np.float32(0.0), out=y)
             hidden.append(y)
         return hidden
+
+    def _output(self, net: str, layer: int, rows: int, width: int) -> tuple[np.ndarray, Tensor]:
+        """A (rows, width) float32 buffer for a layer's output, and its tensor view."""
+        out = self._outputs.get((net, layer))
+        if out is None or out[0].shape != (rows, width):
+            view = torch.empty(rows, width)
+            out = self._outputs[net, layer] = (view.numpy(), view)
+        return out
 
     def _backward(
         self,
@@ -293,7 +308,7 @@ class NumpyGradients:
         advantages = mb.advantages
         old_logprob = mb.logprob
         n = len(obs)
-        hidden = self._forward(self.actor, obs)
+        hidden = self._forward("actor", self.actor, obs)
         out = hidden[-1]
         if self.gaussian:
             assert self.log_std is not None
@@ -343,7 +358,7 @@ class NumpyGradients:
         return loss, entropy, kl, fraction
 
     def value_term(self, mb: NumpyBatch) -> float:
-        hidden = self._forward(self.critic, mb.obs)
+        hidden = self._forward("critic", self.critic, mb.obs)
         values = hidden[-1][:, 0]
         returns = mb.returns
         n = len(values)
