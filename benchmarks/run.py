@@ -253,7 +253,8 @@ def checks(case_id: int, m: dict[str, Any]) -> list[dict[str, Any]]:
         c = m["collect_over_ceiling_median"]
         add(
             "collection SPS >= 70% of env-only ceiling",
-            "n/a" if c is None else f"{100 * c:.0f}%",
+            # One decimal: 69.6% printed as "70%" next to FAIL.
+            "n/a" if c is None else f"{100 * c:.1f}%",
             at_least(c, 0.70),
         )
     elif case_id == 5:
@@ -512,13 +513,16 @@ def snapshot_trustrl() -> Path:
     return folder
 
 
-def write(out_dir: Path, data: dict[str, Any], results: dict[int, dict[str, Any]]) -> None:
+def write(json_path: Path, data: dict[str, Any], results: dict[int, dict[str, Any]]) -> None:
+    """Print the tables; write the JSON to ``json_path`` and the markdown next to it, with
+    the same name (``benchmarks.json`` -> ``benchmarks.md``)."""
     print("\n" + text_table(main_table(results)))
     print("\n" + text_table(targets_table(results)))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "benchmarks.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
-    (out_dir / "benchmarks.md").write_text(markdown(data, results))
-    print(f"\nwrote {out_dir / 'benchmarks.json'} and {out_dir / 'benchmarks.md'}")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path = json_path.with_suffix(".md")
+    json_path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    md_path.write_text(markdown(data, results))
+    print(f"\nwrote {json_path} and {md_path}")
 
 
 def render(path: Path) -> None:
@@ -527,7 +531,7 @@ def render(path: Path) -> None:
     for case_id, entry in results.items():
         entry["summary"] = summarize(case_id, entry["runs"], entry["settings"])
     data["cases"] = {str(k): v for k, v in results.items()}
-    write(path.parent, data, results)
+    write(path, data, results)
 
 
 def main() -> None:
@@ -551,8 +555,8 @@ def main() -> None:
     parser.add_argument(
         "--render",
         metavar="JSON",
-        help="measure nothing: recompute the summaries of a benchmarks.json and rewrite it "
-        "and its markdown next to it",
+        help="measure nothing: recompute the summaries of a benchmark JSON and rewrite it "
+        "and its markdown next to it (same name, .md)",
     )
     args = parser.parse_args()
     if args.render:
@@ -634,7 +638,7 @@ def main() -> None:
     meta["benchmark_wall_time"] = time.monotonic() - started
     data = {"meta": meta, "cases": {str(k): v for k, v in results.items()}}
 
-    write(out_dir, data, results)
+    write(out_dir / "benchmarks.json", data, results)
 
 
 if __name__ == "__main__":
