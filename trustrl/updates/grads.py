@@ -256,7 +256,7 @@ class NumpyGradients:
         hidden = [x]
         last = len(layers) - 1
         for i, (weight, bias) in enumerate(layers):
-            y, view = self._output(net, i, len(x), len(bias))
+            y, view = self._output(net, i, (len(x), len(bias)), weight.dtype)
             np.matmul(hidden[-1], weight.T, out=y)
             y += bias
             if i < last:
@@ -267,12 +267,14 @@ class NumpyGradients:
             hidden.append(y)
         return hidden
 
-    def _output(self, net: str, layer: int, rows: int, width: int) -> tuple[np.ndarray, Tensor]:
-        """A (rows, width) float32 buffer for a layer's output, and its tensor view."""
+    def _output(
+        self, net: str, layer: int, shape: tuple[int, int], dtype: np.dtype
+    ) -> tuple[np.ndarray, Tensor]:
+        """A buffer for a layer's output (the weights' dtype), and its tensor view."""
         out = self._outputs.get((net, layer))
-        if out is None or out[0].shape != (rows, width):
-            view = torch.empty(rows, width)
-            out = self._outputs[net, layer] = (view.numpy(), view)
+        if out is None or out[0].shape != shape or out[0].dtype != dtype:
+            array = np.empty(shape, dtype=dtype)
+            out = self._outputs[net, layer] = (array, torch.from_numpy(array))
         return out
 
     def _backward(
