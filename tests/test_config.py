@@ -123,6 +123,7 @@ UNVALIDATED = {
     "ppo.anneal_lr",
     "ppo.anneal_clip",
     "ppo.norm_adv",
+    "ppo.critic_process",
     "trpo.norm_adv",
     "multiagent.agent_id",
     "multiagent.value_norm",

@@ -174,6 +174,8 @@ class PPOConfig:
     """Stop the policy epochs before a step whose measured KL exceeds this (unset: never)."""
     norm_adv: bool = True
     """Normalize advantages per minibatch."""
+    critic_process: bool = True
+    """Compute the critic's share of each minibatch step in a second process, beside the actor's (numpy gradients, Linux, 2+ CPUs): identical results, faster updates. Turn off when other work keeps every core busy."""
 
     @property
     def separate_optimizers(self) -> bool:

@@ -3,11 +3,10 @@
 Why not ``torch.optim.Adam``: constructing any ``torch.optim.Optimizer`` imports
 ``torch._dynamo``, which costs 2-3 s on this project's 2-core machines, longer than a
 whole CartPole training run; and on CPU its per-parameter (or per-tensor ``foreach``)
-ops dominate a small network's step (see docs/performance.md). This class is the same
-arithmetic (bias-corrected moments, ``eps`` added after the square root, the order of
-torch's single-tensor implementation) on flat tensors, run in numpy on views of their
-memory; ``tests/test_optim.py`` checks it
-step for step against ``torch.optim.Adam``. It keeps torch's attribute names
+ops dominate a small network's step (see docs/performance.md). This class keeps the
+weights and moments in flat tensors and steps them with one call of ATen's fused Adam
+kernel (the arithmetic of ``torch.optim.Adam(fused=True)``); ``tests/test_optim.py``
+checks it step for step against ``torch.optim.Adam``. It keeps torch's attribute names
 (``param_groups``, ``state``) and ``state_dict`` layout, so checkpoints written with
 either load in both.
 """
@@ -18,7 +17,6 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -28,7 +26,7 @@ class Adam:
 
     At construction (and after ``grow``) the parameters' storage is moved into one
     contiguous tensor, each parameter becoming a view of its slice, and the moments are
-    flat tensors too. A step is then a dozen element-wise numpy ops on three flat arrays,
+    flat tensors too. A step is then one fused kernel call on three flat tensors,
     whatever the number of parameters: on CPU, ``torch._foreach_*`` still pays dispatch
     per tensor. ``state[p]`` holds views of the flat moments, in torch's layout.
 
@@ -44,10 +42,15 @@ class Adam:
         lr: float,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        shared: bool = False,
     ) -> None:
         self.param_groups: list[dict[str, Any]] = [
             {"params": list(params), "lr": lr, "betas": betas, "eps": eps}
         ]
+        # The flat weights in shared memory, for a forked process to read (see
+        # updates/critic_worker.py): allocated so from the start, as moving a tensor there
+        # later would leave any numpy view of it pointing at freed memory.
+        self.shared = shared
         self.steps = 0  # steps taken (torch keeps one count per parameter; they agree)
         self._flatten(torch.zeros(0), torch.zeros(0))
 
@@ -60,15 +63,16 @@ class Adam:
         """Move the parameters into one buffer; moments given flat (empty: zeros)."""
         params = self.params
         self.flat = torch.cat([p.detach().reshape(-1) for p in params])
+        if self.shared:
+            self.flat.share_memory_()
         if exp_avg.numel() == 0:
             exp_avg, exp_avg_sq = torch.zeros_like(self.flat), torch.zeros_like(self.flat)
         self.exp_avg, self.exp_avg_sq = exp_avg.contiguous(), exp_avg_sq.contiguous()
         self.sizes = [p.numel() for p in params]
         for p, view in zip(params, self.views(self.flat), strict=True):
             p.data = view
-        # The step runs in numpy on views of the same memory (see ``step``).
-        self._arrays = (self.flat.numpy(), self.exp_avg.numpy(), self.exp_avg_sq.numpy())
-        self._scratch = (np.empty_like(self._arrays[0]), np.empty_like(self._arrays[0]))
+        # The step count as the fused kernel reads it (see ``step``).
+        self._step_count = torch.zeros((), dtype=self.flat.dtype)
 
     def views(self, flat: Tensor) -> list[Tensor]:
         """A flat tensor cut into one view per parameter, shaped like it."""
@@ -110,39 +114,35 @@ class Adam:
     def step(self, grad: Tensor | None = None) -> None:
         """One step on ``grad`` (flat, as ``flat_grad`` gives it; default: the .grads).
 
-        In numpy, on views of the flat tensors: the same arithmetic as torch's ops, but
-        between the numpy gradients' calls torch's seven ops took about 100 µs for a
-        CartPole network where numpy's take about 30 (``docs/performance.md``, round 4).
+        One call of ``torch._fused_adam_`` on the flat tensors: ATen's fused CPU kernel,
+        the one ``torch.optim.Adam(fused=True)`` calls, without the Optimizer class (see
+        the module docstring). It reads the step count and does not advance it. On a
+        CartPole network's 9k weights it takes about 8 µs, where the same arithmetic as a
+        dozen numpy calls on views took about 30 (``docs/performance.md``, round 8).
         """
         if grad is None:
             grad = self.flat_grad()
             if grad is None:
                 return
         group = self.param_groups[0]
-        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        (beta1, beta2), eps = group["betas"], group["eps"]
         self.steps += 1
-        g = grad.numpy()
-        flat, exp_avg, exp_avg_sq = self._arrays
-        scratch, update = self._scratch
-        # exp_avg.lerp_(g, 1 - beta1): exp_avg + (1 - beta1) (g - exp_avg)
-        np.subtract(g, exp_avg, out=scratch)
-        scratch *= 1 - beta1
-        exp_avg += scratch
-        # exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        exp_avg_sq *= beta2
-        np.multiply(g, g, out=scratch)
-        scratch *= 1 - beta2
-        exp_avg_sq += scratch
-        bias_correction1 = 1 - beta1**self.steps
-        bias_correction2_sqrt = (1 - beta2**self.steps) ** 0.5
-        # denom = sqrt(exp_avg_sq) / bias_correction2_sqrt + eps
-        np.sqrt(exp_avg_sq, out=scratch)
-        scratch /= bias_correction2_sqrt
-        scratch += eps
-        # flat.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
-        np.divide(exp_avg, scratch, out=update)
-        update *= -lr / bias_correction1
-        flat += update
+        self._step_count.fill_(self.steps)
+        torch._fused_adam_(
+            [self.flat],
+            [grad],
+            [self.exp_avg],
+            [self.exp_avg_sq],
+            [],
+            [self._step_count],
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=0.0,
+            eps=eps,
+            amsgrad=False,
+            maximize=False,
+        )
 
     def grow(self, grown: list[tuple[nn.Parameter, nn.Parameter, int]]) -> None:
         """After ``Policy.register_agent`` replaced parameters with grown ones (old, new,

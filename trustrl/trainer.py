@@ -269,6 +269,8 @@ class Trainer:
             progress_file.close()
             tensorboard.close()
             self.collector.close()
+            for update in self.updates:
+                update.close()
 
         if cfg.eval_episodes > 0:
             if self.eval_result is None:

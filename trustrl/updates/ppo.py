@@ -21,7 +21,8 @@ from trustrl.losses import explained_variance
 from trustrl.optim import Adam, clip_grad_norm
 from trustrl.policy import Policy
 from trustrl.rollout import Rollout
-from trustrl.updates.grads import Gradients, LossSettings, make_gradients
+from trustrl.updates import critic_worker
+from trustrl.updates.grads import Gradients, LossSettings, NumpyGradients, make_gradients
 
 
 class PPOUpdate:
@@ -32,17 +33,32 @@ class PPOUpdate:
         self.base_lr: dict[str, float]
         # eps=1e-5 rather than Adam's 1e-8: the value of OpenAI baselines' PPO2, kept by
         # CleanRL; it damps steps on weights whose gradients are consistently tiny.
+        # The critic's share of each minibatch in a second process (critic_worker.py):
+        # weights and gradients then live in shared memory.
+        self.critic_process = (
+            config.critic_process and NumpyGradients.supports(policy) and critic_worker.available()
+        )
+        shared = self.critic_process
         if config.separate_optimizers:
             assert config.pi_lr is not None and config.vf_lr is not None
             self.base_lr = {"pi": config.pi_lr, "vf": config.vf_lr}
             self.optimizers = {
-                "pi": Adam(policy.actor_parameters(), lr=config.pi_lr, eps=1e-5),
-                "vf": Adam(policy.critic_parameters(), lr=config.vf_lr, eps=1e-5),
+                "pi": Adam(policy.actor_parameters(), config.pi_lr, eps=1e-5, shared=shared),
+                "vf": Adam(policy.critic_parameters(), config.vf_lr, eps=1e-5, shared=shared),
             }
         else:
             self.base_lr = {"all": config.learning_rate}
-            self.optimizers = {"all": Adam(policy.parameters(), lr=config.learning_rate, eps=1e-5)}
-        self.gradients: Gradients = make_gradients(policy, LossSettings.of(config), self.optimizers)
+            self.optimizers = {
+                "all": Adam(policy.parameters(), config.learning_rate, eps=1e-5, shared=shared)
+            }
+        self.gradients: Gradients = make_gradients(
+            policy, LossSettings.of(config), self.optimizers, shared
+        )
+
+    def close(self) -> None:
+        """Stop the critic's worker process, if one runs (the next call starts another)."""
+        if isinstance(self.gradients, NumpyGradients):
+            self.gradients.stop_worker()
 
     def register_agent(self, grown: list[tuple[nn.Parameter, nn.Parameter, int]]) -> None:
         """Extend optimizer state for parameters that ``Policy.register_agent`` grew."""
@@ -84,6 +100,8 @@ class PPOUpdate:
 
         grads = self.gradients
         grads.bind()
+        if self.critic_process and isinstance(grads, NumpyGradients) and grads.shared:
+            grads.start_worker(rollout.valid.numel())  # room for the whole rollout
         for epoch in range(max(pi_epochs, vf_epochs)):
             if not ((epoch < pi_epochs and not pi_stopped) or (epoch < vf_epochs and separate)):
                 break
@@ -95,6 +113,8 @@ class PPOUpdate:
                 if not (fit_pi or fit_vf):
                     break
                 terms: dict[str, float] = {}
+                if fit_vf:
+                    grads.start_value(mb)  # a critic worker starts on it now
                 if fit_pi:
                     loss, entropy, kl, fraction = grads.policy_terms(mb, clip_coef)
                     stats["kl"].append(kl)

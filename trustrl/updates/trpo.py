@@ -117,6 +117,9 @@ class TRPOUpdate:
         # The critic's plain squared error, by the PPO update's gradient backends.
         self.gradients = make_gradients(policy, LossSettings(), {"vf": self.vf_optimizer})
 
+    def close(self) -> None:
+        """Nothing to release: TRPO's update runs in this process only."""
+
     def register_agent(
         self, grown: list[tuple[torch.nn.Parameter, torch.nn.Parameter, int]]
     ) -> None:

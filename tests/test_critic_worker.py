@@ -1,0 +1,89 @@
+"""The critic's share of PPO's minibatch steps in a second process (updates/critic_worker.py).
+
+The worker runs the same numpy calls on the same numbers as the update's own process, so
+whole updates with and without it must end at the same weights bit for bit; a worker
+that dies must leave the run going, in one process, on the same trajectory.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from tests.test_grads import make_policy, make_rollout
+from trustrl.config import PPOConfig
+from trustrl.updates import critic_worker
+from trustrl.updates.ppo import PPOUpdate
+
+pytestmark = pytest.mark.skipif(not critic_worker.available(), reason="needs Linux and two CPUs")
+
+OPTIONS = [
+    ("discrete", {"ent_coef": 0.01}),
+    ("discrete", {"vf_clip_coef": 0.2, "target_kl": 0.02}),
+    ("box", {"pi_lr": 3e-3, "vf_lr": 1e-2, "vf_epochs": 6, "target_kl": 0.02}),
+    ("multidiscrete", {"vf_clip_coef": 0.2, "learning_rate": 3e-3}),
+]
+
+
+def run_pair(space: str, options: dict, between=None) -> tuple[PPOUpdate, PPOUpdate]:
+    """Three updates with the worker and without it, from the same start; ``between``
+    is called with the worker's update after the first."""
+    policy = make_policy(space)
+    twin = copy.deepcopy(policy)
+    with_worker = PPOUpdate(policy, PPOConfig(update_epochs=4, num_minibatches=4, **options), 5)
+    alone = PPOUpdate(
+        twin, PPOConfig(update_epochs=4, num_minibatches=4, critic_process=False, **options), 5
+    )
+    assert with_worker.critic_process and not alone.critic_process
+    for i in range(3):
+        rollout = make_rollout(policy, space)
+        got = with_worker(policy, rollout, i / 3)
+        want = alone(twin, copy.deepcopy(rollout), i / 3)
+        assert got.keys() == want.keys()
+        for name in got:
+            assert got[name] == want[name] or (np.isnan(got[name]) and np.isnan(want[name])), name
+        for (name, p), q in zip(policy.named_parameters(), twin.parameters(), strict=True):
+            assert torch.equal(p, q), name
+        if i == 0 and between is not None:
+            between(with_worker)
+    return with_worker, alone
+
+
+@pytest.mark.parametrize(("space", "options"), OPTIONS)
+def test_updates_with_the_worker_are_the_same_bit_for_bit(space: str, options: dict) -> None:
+    with_worker, _ = run_pair(space, options)
+    worker = with_worker.gradients.worker  # type: ignore[attr-defined]
+    assert worker is not None and worker.pid != os.getpid()
+    with_worker.close()
+    assert with_worker.gradients.worker is None  # type: ignore[attr-defined]
+    with pytest.raises(ChildProcessError):
+        os.waitpid(worker.pid, os.WNOHANG)  # reaped
+
+
+def test_a_lost_worker_leaves_the_update_in_this_process() -> None:
+    def kill(update: PPOUpdate) -> None:
+        worker = update.gradients.worker  # type: ignore[attr-defined]
+        os.kill(worker.pid, signal.SIGKILL)
+        os.waitpid(worker.pid, 0)
+
+    with pytest.warns(RuntimeWarning, match="critic's worker process exited"):
+        with_worker, _ = run_pair("discrete", {"ent_coef": 0.01}, between=kill)
+    assert with_worker.gradients.worker is None  # type: ignore[attr-defined]
+    assert with_worker.gradients.worker_lost  # type: ignore[attr-defined]
+
+
+def test_the_worker_reads_the_weights_the_optimizer_steps() -> None:
+    """The policy's parameters, the optimizer's flat buffer and the worker's views are
+    one memory, shared with the child."""
+    policy = make_policy("discrete")
+    update = PPOUpdate(policy, PPOConfig(), 0)
+    flat = update.optimizers["all"].flat
+    assert flat.is_shared()
+    start, end = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
+    for p in policy.parameters():
+        assert start <= p.data_ptr() < end
