@@ -469,7 +469,10 @@ def markdown(data: dict[str, Any], results: dict[int, dict[str, Any]]) -> str:
         f"- python {meta['python']}, "
         + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v),
         f"- {meta['pairs']} pair(s) per case, trustrl then the peer in each pair, each run a "
-        f"fresh process; torch.set_num_threads(1) on both sides"
+        f"fresh process; torch.set_num_threads(1) on both sides (SB3's faster setting "
+        f"here); trustrl's PPO computes the critic's share of each minibatch step in a "
+        f"second process (`ppo.critic_process`), whose private memory is added to its "
+        f"peak RSS"
         + ("; QUICK smoke run (tiny budgets, not a measurement)" if meta["quick"] else ""),
         f"- wall time of the whole benchmark: {meta['benchmark_wall_time'] / 60:.1f} min",
         "",

@@ -35,6 +35,31 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
+def private_mib(pid: int) -> float:
+    """Memory only process ``pid`` holds (private pages; pages it shares with its parent
+    after fork are in the parent's RSS already)."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        fields = {line.split(":")[0]: int(line.split()[1]) for line in f if line.endswith("kB\n")}
+    return (fields["Private_Clean"] + fields["Private_Dirty"]) / 1024.0
+
+
+def count_workers(trainer: Any, out: dict[str, float]) -> None:
+    """Wrap each update's ``close`` (instance attribute, benchmark-only) to read the private
+    memory of its critic worker process (updates/critic_worker.py) before it stops; the
+    largest lands in ``out["worker_private_mib"]`` and counts toward peak memory."""
+    for update in trainer.updates:
+        original = update.close
+
+        def close(update: Any = update, original: Any = original) -> None:
+            worker = getattr(getattr(update, "gradients", None), "worker", None)
+            if worker is not None:
+                mib = private_mib(worker.pid)
+                out["worker_private_mib"] = max(out.get("worker_private_mib", 0.0), mib)
+            original()
+
+        update.close = close
+
+
 class RecentReturns:
     """Finished training episodes and the first time the mean of the last ``window``
     reaches ``target`` (checked at the end of each rollout collection)."""
@@ -170,6 +195,9 @@ def run_trustrl(job: dict[str, Any]) -> dict[str, Any]:
 
             trainer.evaluate = evaluate
 
+        workers: dict[str, float] = {}
+        count_workers(trainer, workers)
+
         train_start = time.monotonic()
         stopped_early = False
         try:
@@ -183,6 +211,7 @@ def run_trustrl(job: dict[str, Any]) -> dict[str, Any]:
         out = run_summary(
             case, env_steps, (imported, build_start, train_start, train_end), timing, recent
         )
+        out.update(workers)
         out.update(
             stopped_early=stopped_early,
             collect_wrapped=timing["iterations"] > 0,
@@ -372,7 +401,9 @@ SIDES = {
 def main() -> None:
     job = json.loads(sys.argv[1])
     result = SIDES[job["side"]](job)
-    result["peak_rss_mib"] = peak_rss_mib()
+    # This process's peak, plus what a critic worker process held on its own.
+    result["process_peak_rss_mib"] = peak_rss_mib()
+    result["peak_rss_mib"] = result["process_peak_rss_mib"] + result.get("worker_private_mib", 0.0)
     result["process_wall"] = time.monotonic() - PROCESS_START
     if job.get("spawned_at") is not None:
         # Interpreter start-up before this file's first line, seen from the runner.
