@@ -48,7 +48,9 @@ def count_workers(trainer: Any, out: dict[str, float]) -> None:
     memory of its critic worker process (updates/critic_worker.py) before it stops; the
     largest lands in ``out["worker_private_mib"]`` and counts toward peak memory."""
     for update in trainer.updates:
-        original = update.close
+        original = getattr(update, "close", None)
+        if original is None:  # a checkout from before the worker (PYTHONPATH)
+            continue
 
         def close(update: Any = update, original: Any = original) -> None:
             worker = getattr(getattr(update, "gradients", None), "worker", None)
