@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/update_step.py                    # numpy gradients
     .venv/bin/python benchmarks/update_step.py --backend torch    # autograd
     .venv/bin/python benchmarks/update_step.py --rows 1024        # case 6's minibatch
+    .venv/bin/python benchmarks/update_step.py --critic-process off   # all in one process
     PYTHONPATH=/path/to/other/checkout .venv/bin/python benchmarks/update_step.py
 
 CartPole-sized policy (64x64 tanh actor and critic), a 4 x 128 rollout, 4 epochs of 4
@@ -36,6 +37,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=["auto", "numpy", "torch"], default="auto")
     parser.add_argument("--rows", type=int, default=128, help="rows per minibatch")
+    parser.add_argument(
+        "--critic-process",
+        choices=["on", "off"],
+        default="on",
+        help="ppo.critic_process: the critic's share in a second process (default on)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     threadpool_limits(1, user_api="blas")
@@ -50,12 +57,19 @@ def main() -> None:
     rollout.logprob.fill_(-0.69)
     rollout.rewards.normal_()
     rollout.compute_advantages(0.99, 0.95)
-    config = PPOConfig(update_epochs=4, num_minibatches=4, ent_coef=0.01)
+    config = PPOConfig(
+        update_epochs=4,
+        num_minibatches=4,
+        ent_coef=0.01,
+        critic_process=args.critic_process == "on",
+    )
     update = PPOUpdate(policy, config)
     if args.backend == "torch":
         update.gradients = TorchGradients(policy, LossSettings.of(config), update.optimizers)
     elif args.backend == "numpy":
-        update.gradients = NumpyGradients(policy, LossSettings.of(config), update.optimizers)
+        update.gradients = NumpyGradients(
+            policy, LossSettings.of(config), update.optimizers, shared=update.critic_process
+        )
     for _ in range(5):
         update(policy, rollout, 0.0)
     times = []
@@ -65,7 +79,8 @@ def main() -> None:
             update(policy, rollout, 0.0)
         times.append((time.perf_counter() - start) / (50 * 16))
     print(
-        f"{trustrl.__file__} ({type(update.gradients).__name__}, {args.rows} rows): "
+        f"{trustrl.__file__} ({type(update.gradients).__name__}, {args.rows} rows, "
+        f"critic process {'on' if update.critic_process else 'off'}): "
         f"{statistics.median(times) * 1e6:.0f} us per minibatch step"
     )
 
