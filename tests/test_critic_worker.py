@@ -87,3 +87,16 @@ def test_the_worker_reads_the_weights_the_optimizer_steps() -> None:
     start, end = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
     for p in policy.parameters():
         assert start <= p.data_ptr() < end
+
+
+def test_without_shared_memory_the_update_runs_in_one_process(monkeypatch) -> None:
+    def refuse(self: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("unable to open shared memory object")
+
+    monkeypatch.setattr(torch.Tensor, "share_memory_", refuse)
+    policy = make_policy("discrete")
+    with pytest.warns(RuntimeWarning, match="shared memory unavailable"):
+        update = PPOUpdate(policy, PPOConfig(update_epochs=2, num_minibatches=2), 0)
+    assert not update.critic_process
+    update(policy, make_rollout(policy, "discrete"), 0.0)
+    assert update.gradients.worker is None  # type: ignore[attr-defined]

@@ -14,6 +14,7 @@ either load in both.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -64,7 +65,7 @@ class Adam:
         params = self.params
         self.flat = torch.cat([p.detach().reshape(-1) for p in params])
         if self.shared:
-            self.flat.share_memory_()
+            self.shared = share_memory(self.flat)
         if exp_avg.numel() == 0:
             exp_avg, exp_avg_sq = torch.zeros_like(self.flat), torch.zeros_like(self.flat)
         self.exp_avg, self.exp_avg_sq = exp_avg.contiguous(), exp_avg_sq.contiguous()
@@ -207,6 +208,21 @@ class Adam:
         self.exp_avg_sq.copy_(
             torch.cat([entries[i]["exp_avg_sq"].reshape(-1) for i in range(len(entries))])
         )
+
+
+def share_memory(tensor: Tensor) -> bool:
+    """Move a tensor's storage into shared memory (``Tensor.share_memory_``); False, with
+    a warning, where the system refuses (a small ``/dev/shm`` in a container)."""
+    try:
+        tensor.share_memory_()
+    except RuntimeError as exc:
+        warnings.warn(
+            f"shared memory unavailable ({exc}); PPO's critic runs in the trainer's process",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    return True
 
 
 def clip_grad_norm(grad: Tensor, max_norm: float) -> float:

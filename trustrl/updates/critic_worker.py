@@ -34,6 +34,8 @@ import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
+from threadpoolctl import threadpool_limits
 
 if TYPE_CHECKING:
     from trustrl.updates.grads import NumpyGradients
@@ -82,6 +84,10 @@ class CriticWorker:
             code = 1
             try:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's
+                # One thread for torch's and BLAS's kernels here, whatever the trainer
+                # uses: a thread pool inherited through fork is not safe to use.
+                torch.set_num_threads(1)
+                threadpool_limits(1, user_api="blas")
                 for fd in (start_w, done_r, *_PARENT_FDS):
                     os.close(fd)
                 self._serve(grads, start_r, done_w)

@@ -48,7 +48,7 @@ from trustrl.losses import (
     normalize_advantages,
     value_loss,
 )
-from trustrl.optim import Adam
+from trustrl.optim import Adam, share_memory
 from trustrl.policy import Policy
 from trustrl.rollout import Batch, NumpyBatch
 from trustrl.updates.critic_worker import CriticWorker
@@ -235,8 +235,8 @@ class NumpyGradients:
         grad_of: dict[int, tuple[str, np.ndarray]] = {}
         for key, opt in self.optimizers.items():
             flat = torch.zeros_like(opt.flat)
-            if self.shared:
-                flat.share_memory_()  # before any view of it is taken
+            if self.shared:  # before any view of it is taken
+                self.shared = share_memory(flat)
             self.flat_grads[key] = flat
             for param, view in zip(opt.params, opt.views(flat), strict=True):
                 grad_of[id(param)] = (key, view.numpy())
@@ -268,11 +268,11 @@ class NumpyGradients:
         """From now on, compute the critic's share of minibatches of up to ``rows`` rows in
         a forked process (needs ``shared`` and optimizers built with ``shared=True``). A
         worker already running with room enough is kept; after a lost one, nothing."""
-        if self.worker_lost or not self.critic_grads:
+        shared = self.shared and all(opt.shared for opt in self.optimizers.values())
+        if self.worker_lost or not self.critic_grads or not shared:
             return
         if self.worker is not None and self.worker.rows >= rows:
             return
-        assert self.shared and all(opt.shared for opt in self.optimizers.values())
         self.stop_worker()
         weight = self.critic[0][0]
         self.worker = CriticWorker(self, rows, weight.shape[1], weight.dtype)

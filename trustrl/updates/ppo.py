@@ -51,8 +51,9 @@ class PPOUpdate:
             self.optimizers = {
                 "all": Adam(policy.parameters(), config.learning_rate, eps=1e-5, shared=shared)
             }
+        self.critic_process = shared and all(o.shared for o in self.optimizers.values())
         self.gradients: Gradients = make_gradients(
-            policy, LossSettings.of(config), self.optimizers, shared
+            policy, LossSettings.of(config), self.optimizers, self.critic_process
         )
 
     def close(self) -> None:
