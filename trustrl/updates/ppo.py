@@ -31,14 +31,13 @@ class PPOUpdate:
         self.generator = torch.Generator().manual_seed(seed)
         self.optimizers: dict[str, Adam]
         self.base_lr: dict[str, float]
-        # eps=1e-5 rather than Adam's 1e-8: the value of OpenAI baselines' PPO2, kept by
-        # CleanRL; it damps steps on weights whose gradients are consistently tiny.
         # The critic's share of each minibatch in a second process (critic_worker.py):
         # weights and gradients then live in shared memory.
-        self.critic_process = (
+        shared = (
             config.critic_process and NumpyGradients.supports(policy) and critic_worker.available()
         )
-        shared = self.critic_process
+        # eps=1e-5 rather than Adam's 1e-8: the value of OpenAI baselines' PPO2, kept by
+        # CleanRL; it damps steps on weights whose gradients are consistently tiny.
         if config.separate_optimizers:
             assert config.pi_lr is not None and config.vf_lr is not None
             self.base_lr = {"pi": config.pi_lr, "vf": config.vf_lr}
@@ -51,6 +50,7 @@ class PPOUpdate:
             self.optimizers = {
                 "all": Adam(policy.parameters(), config.learning_rate, eps=1e-5, shared=shared)
             }
+        # Where the system refused shared memory, the optimizers fell back (with a warning).
         self.critic_process = shared and all(o.shared for o in self.optimizers.values())
         self.gradients: Gradients = make_gradients(
             policy, LossSettings.of(config), self.optimizers, self.critic_process
