@@ -446,8 +446,11 @@ class NumpyGradients:
     def start_value(self, mb: NumpyBatch) -> None:
         self._settle()
         worker = self.worker
-        fits = worker is not None and len(mb.obs) <= worker.rows
-        if fits and not worker.submit(mb.obs, mb.returns, mb.values):  # type: ignore[union-attr]
+        if (
+            worker is not None
+            and len(mb.obs) <= worker.rows
+            and not worker.submit(mb.obs, mb.returns, mb.values)
+        ):
             self._lose_worker()
 
     def value_term(self, mb: NumpyBatch) -> float:

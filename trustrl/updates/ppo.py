@@ -101,7 +101,7 @@ class PPOUpdate:
 
         grads = self.gradients
         grads.bind()
-        if self.critic_process and isinstance(grads, NumpyGradients) and grads.shared:
+        if self.critic_process and isinstance(grads, NumpyGradients):
             grads.start_worker(rollout.valid.numel())  # room for the whole rollout
         for epoch in range(max(pi_epochs, vf_epochs)):
             if not ((epoch < pi_epochs and not pi_stopped) or (epoch < vf_epochs and separate)):
