@@ -65,6 +65,18 @@ def test_updates_with_the_worker_are_the_same_bit_for_bit(space: str, options: d
         os.waitpid(worker.pid, os.WNOHANG)  # reaped
 
 
+@pytest.mark.parametrize("poll_seconds", [0.0, 60.0], ids=["select-only", "poll-only"])
+def test_messages_arrive_whether_the_reader_polls_or_blocks(
+    poll_seconds: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each side polls its pipe for POLL_SECONDS, then blocks in select: either way alone
+    (the child forks after the patch, so both sides see it) gives the same updates."""
+    monkeypatch.setattr(critic_worker, "POLL_SECONDS", poll_seconds)
+    with_worker, _ = run_pair("discrete", {"vf_clip_coef": 0.2})
+    assert with_worker.gradients.worker is not None  # type: ignore[attr-defined]
+    with_worker.close()
+
+
 def test_a_lost_worker_leaves_the_update_in_this_process() -> None:
     def kill(update: PPOUpdate) -> None:
         worker = update.gradients.worker  # type: ignore[attr-defined]
