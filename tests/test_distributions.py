@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.distributions import Categorical, Independent, Normal, kl_divergence
 
+from trustrl import distributions
 from trustrl.distributions import (
     TANH_VIA_SIGMOID_MIN,
     CategoricalHead,
@@ -257,11 +258,16 @@ def test_numpy_row_reductions_and_log_softmax(columns: int) -> None:
     np.testing.assert_allclose(log_softmax_array(x), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("via_sigmoid", [True, False], ids=["sigmoid-form", "numpy-only"])
 @pytest.mark.parametrize("rows", [3, TANH_VIA_SIGMOID_MIN // 64, 1024])
-def test_tanh_array_is_tanh_in_place(rows: int) -> None:
-    """Both of tanh_array's ways (numpy's tanh below the size threshold, the sigmoid form
-    from it on) against float64 tanh: within 2e-7 everywhere, exact at 0 and saturated at
-    the ends, odd, and written into the array it was given (a strided view too)."""
+def test_tanh_array_is_tanh_in_place(
+    rows: int, via_sigmoid: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both of tanh_array's ways (numpy's tanh below the size threshold or where its tanh
+    is the fast one, the sigmoid form from the threshold on otherwise) against float64
+    tanh: within 2e-7 everywhere, exact at 0 and saturated at the ends, odd, and written
+    into the array it was given (a strided view too)."""
+    monkeypatch.setattr(distributions, "TANH_VIA_SIGMOID", via_sigmoid)
     rng = np.random.default_rng(rows)
     x = rng.normal(0.0, 3.0, size=(rows, 64)).astype(np.float32)
     x[0, :4] = [0.0, 30.0, -30.0, 1e-6]
@@ -277,3 +283,19 @@ def test_tanh_array_is_tanh_in_place(rows: int) -> None:
     tanh_array(view)
     np.testing.assert_allclose(view, expected, rtol=0, atol=2e-7)
     assert not wide[:, 1::2].any()
+
+
+def test_the_tanh_route_follows_numpys_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sigmoid form is skipped exactly where numpy reports its AVX-512 tanh loop, and
+    taken where numpy cannot say."""
+    from numpy.lib import introspect
+
+    def report(current: str):
+        return lambda **_: {"tanh": {"ff": {"current": current, "available": current}}}
+
+    monkeypatch.setattr(introspect, "opt_func_info", report("X86_V4"))
+    assert distributions._numpy_tanh_is_fast()
+    monkeypatch.setattr(introspect, "opt_func_info", report("X86_V3"))
+    assert not distributions._numpy_tanh_is_fast()
+    monkeypatch.setattr(introspect, "opt_func_info", lambda **_: {})
+    assert not distributions._numpy_tanh_is_fast()

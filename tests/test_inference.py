@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from trustrl import distributions
 from trustrl.config import PolicyConfig
 from trustrl.distributions import TANH_VIA_SIGMOID_MIN
 from trustrl.inference import Inference
@@ -70,7 +71,8 @@ def inputs(policy: Policy, seed: int = 1, rows: int = ROWS):
     return x, critic, agent
 
 
-# A rollout's worth of rows: every hidden layer has TANH_VIA_SIGMOID_MIN elements or more.
+# A rollout's worth of rows: every hidden layer has TANH_VIA_SIGMOID_MIN elements or more,
+# and (any machine) takes tanh_array's sigmoid form.
 LARGE = 520
 
 
@@ -79,8 +81,9 @@ LARGE = 520
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("space", SPACES)
 def test_log_probs_and_values_match_torch(
-    space: str, layout: str, activation: str, rows: int
+    space: str, layout: str, activation: str, rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(distributions, "TANH_VIA_SIGMOID", True)
     policy = make(space, layout, activation)
     assert LARGE * min(policy.config.hidden_sizes) >= TANH_VIA_SIGMOID_MIN
     x, critic, agent = inputs(policy, rows=rows)

@@ -235,24 +235,42 @@ class DiagGaussianHead(nn.Module):
 # numpy versions, for the numpy paths (the collector's inference.py, the update's grads.py).
 
 
-# From this many elements on, ``tanh_array`` goes through torch's sigmoid (see there).
+def _numpy_tanh_is_fast() -> bool:
+    """Whether numpy's float32 tanh runs its AVX-512 loop (x86-64-v4), as numpy's own
+    dispatch reports it (numpy 2.1 and later; False where it cannot say)."""
+    try:
+        from numpy.lib.introspect import opt_func_info
+
+        loops = opt_func_info(func_name="^tanh$", signature="float32")["tanh"].values()
+        return any(loop["current"] in ("X86_V4", "AVX512_SKX") for loop in loops)
+    except Exception:  # an older numpy, or a report of another shape
+        return False
+
+
+# Whether ``tanh_array`` takes the sigmoid form from ``TANH_VIA_SIGMOID_MIN`` elements on
+# (see there): where numpy's tanh has no AVX-512 loop. Fixed per machine, so a run's
+# rounding does not depend on a timing.
+TANH_VIA_SIGMOID = not _numpy_tanh_is_fast()
 TANH_VIA_SIGMOID_MIN = 4096
 _TWO, _ONE = np.float32(2.0), np.float32(1.0)
 
 
 def tanh_array(x: np.ndarray, view: Tensor | None = None) -> np.ndarray:
-    """tanh of a float32 array, in place; on large arrays as ``2 sigmoid(2x) - 1``.
+    """tanh of a float32 array, in place; on large arrays, on most machines, as
+    ``2 sigmoid(2x) - 1``.
 
-    The update's time on a CartPole-sized network is largely its tanh layers, and on the
+    The update's time on a CartPole-sized network is largely its tanh layers, and on an
     AVX2 machine numpy's float32 tanh costs 2.6-3.3 ns an element (torch's 2.5-3.1)
-    where torch's sigmoid costs about 1 and a numpy multiply 0.14. So from
+    where torch's sigmoid costs about 1 and a numpy multiply 0.14. So there, from
     ``TANH_VIA_SIGMOID_MIN`` elements on (the measured break-even, set by the torch
     call's overhead) tanh is a sigmoid between numpy multiplies: 38 against 62 µs at
-    256 x 64 inside the update (``docs/performance.md``, round 7). The result is within
-    1.8e-7 of tanh (3 float32 ulps at 1, 1e-7 near 0: a 64-term matmul's rounding);
-    ``tests/test_distributions.py`` checks the bound. ``view``: ``x`` as a tensor, where
-    the caller keeps one (``torch.from_numpy`` costs some 4 µs)."""
-    if x.size < TANH_VIA_SIGMOID_MIN:
+    256 x 64 inside the update (``docs/performance.md``, round 7). Where numpy's tanh
+    runs its AVX-512 loop (``TANH_VIA_SIGMOID`` False) it is the faster one at every
+    size: 3.0 against 7.9 µs at 256 x 64 on an AMD EPYC with AVX-512 (round 9). The
+    sigmoid form is within 1.8e-7 of tanh (3 float32 ulps at 1, 1e-7 near 0: a 64-term
+    matmul's rounding); ``tests/test_distributions.py`` checks the bound. ``view``: ``x``
+    as a tensor, where the caller keeps one (``torch.from_numpy`` costs some 4 µs)."""
+    if not TANH_VIA_SIGMOID or x.size < TANH_VIA_SIGMOID_MIN:
         return np.tanh(x, out=x)
     np.multiply(x, _TWO, out=x)
     if view is None:
