@@ -8,6 +8,7 @@ folder must hold everything the README promises.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import tomllib
 from pathlib import Path
@@ -329,3 +330,29 @@ def test_a_resumed_run_keeps_every_iteration_in_tensorboard(tmp_path: Path) -> N
     scalars = tensorboard_scalars(tmp_path / "tensorboard")
     assert len(rows) == 4
     assert [step for step, _ in scalars["loss_pi"]] == [row["env_steps"] for row in rows]
+
+
+def test_the_objects_before_a_run_are_out_of_gc_scans_until_it_returns(tmp_path: Path) -> None:
+    """A Trainer sets the heap it starts with aside from the cyclic collector's scans (a
+    full scan of torch's objects is tens of ms) and gives it back when train() returns,
+    also when train() pauses early."""
+    gc.unfreeze()
+    config = dataclasses.replace(
+        smoke_config("CartPole-v1", "sync", False), total_steps=2 * NUM_ENVS * NUM_STEPS
+    )
+    trainer = Trainer(config, tmp_path)
+    assert gc.get_freeze_count() > 0
+    frozen_during: list[int] = []
+    collect = trainer.collector.collect
+
+    def watched(*args, **kwargs):
+        frozen_during.append(gc.get_freeze_count())
+        return collect(*args, **kwargs)
+
+    trainer.collector.collect = watched  # type: ignore[method-assign]
+    gc.unfreeze()
+    trainer.train(iterations=1)
+    assert gc.get_freeze_count() == 0
+    trainer.train()
+    assert gc.get_freeze_count() == 0
+    assert len(frozen_during) == 2 and all(count > 0 for count in frozen_during)
