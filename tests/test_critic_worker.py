@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -75,6 +76,26 @@ def test_messages_arrive_whether_the_reader_polls_or_blocks(
     with_worker, _ = run_pair("discrete", {"vf_clip_coef": 0.2})
     assert with_worker.gradients.worker is not None  # type: ignore[attr-defined]
     with_worker.close()
+
+
+def test_the_worker_blocks_between_updates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an update's last minibatch the child waits in the kernel, not in its polling
+    loop, even with a polling time far longer than the test."""
+    monkeypatch.setattr(critic_worker, "POLL_SECONDS", 60.0)
+    policy = make_policy("discrete")
+    update = PPOUpdate(policy, PPOConfig(update_epochs=2, num_minibatches=2), 0)
+    update(policy, make_rollout(policy, "discrete"), 0.0)
+    pid = update.gradients.worker.pid  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 5.0
+    while _state(pid) != "S" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _state(pid) == "S"  # sleeping: blocked in select
+    update.close()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(") ", 1)[1][0]
 
 
 def test_a_lost_worker_leaves_the_update_in_this_process() -> None:

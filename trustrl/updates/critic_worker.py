@@ -22,13 +22,16 @@ bit: the same numpy calls on the same numbers, in another process.
   a message here (a VM's idle vCPU), about a tenth of a minibatch step; one that polls
   sees the message within a microsecond, and its writer makes no wake-up call. The
   messages still travel through the pipe, so the kernel orders the shared memory's
-  writes before the reads on any CPU. Between updates each side blocks again.
+  writes before the reads on any CPU. At the end of an update the trainer sends
+  ``rest`` and the child blocks at once: polling on into the collection would take the
+  second core's share of the machine (two vCPUs here slow each other down) for nothing.
 * Failure: if the child dies or stops answering, ``result`` returns None and the caller
   computes that minibatch, and the rest of the run, in its own process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import select
@@ -50,7 +53,8 @@ if TYPE_CHECKING:
 REPLY_TIMEOUT_SECONDS = 60.0
 
 # How long a reader polls the pipe before it blocks: longer than the gap between two
-# minibatch steps (tens of µs), far shorter than the collection between two updates.
+# minibatch steps (tens to hundreds of µs). 0.5 ms took case 6's updates from 4.6 to
+# 10.9 ms, interleaved in one process (docs/performance.md, round 9).
 POLL_SECONDS = 0.002
 
 # The parent's pipe ends of every live worker: a newly forked child closes the ones of
@@ -113,13 +117,16 @@ class CriticWorker:
         self._finalizer = weakref.finalize(self, _stop, pid, start_w, done_r)
 
     def _serve(self, grads: NumpyGradients, start: int, done: int) -> None:
+        poll = True
         while True:
-            message = _read(start, 4, None)
+            message = _read(start, 4, None, poll)
             if message is None or len(message) < 4:
                 return  # the parent closed its end
             n = int.from_bytes(message, "little")
-            self.loss[0] = grads.critic_step(self.obs[:n], self.returns[:n], self.values[:n])
-            os.write(done, b"\x00")
+            poll = n > 0  # 0 (``rest``): the update is over, block until the next one
+            if n:
+                self.loss[0] = grads.critic_step(self.obs[:n], self.returns[:n], self.values[:n])
+                os.write(done, b"\x00")
 
     def submit(self, obs: np.ndarray, returns: np.ndarray, values: np.ndarray) -> bool:
         """Start the critic's share of a minibatch; False if the child is gone."""
@@ -134,11 +141,17 @@ class CriticWorker:
         self.pending = True
         return True
 
+    def rest(self) -> None:
+        """The update is over: the child stops polling for the next minibatch (it would
+        take the core from the collection) and blocks until one comes."""
+        with contextlib.suppress(OSError):  # the child exited: the next submit finds out
+            os.write(self._start, (0).to_bytes(4, "little"))
+
     def result(self) -> float | None:
         """Wait for the submitted minibatch: its value loss (the gradient is written), or
         None if the child died or did not answer within ``REPLY_TIMEOUT_SECONDS``."""
         self.pending = False
-        if _read(self._done, 1, REPLY_TIMEOUT_SECONDS) != b"\x00":
+        if _read(self._done, 1, REPLY_TIMEOUT_SECONDS, True) != b"\x00":
             return None
         return float(self.loss[0])
 
@@ -147,11 +160,11 @@ class CriticWorker:
         self._finalizer()
 
 
-def _read(fd: int, size: int, timeout: float | None) -> bytes | None:
+def _read(fd: int, size: int, timeout: float | None, poll: bool) -> bytes | None:
     """Up to ``size`` bytes from the non-blocking pipe end ``fd`` (b"" at end of file):
-    polled for ``POLL_SECONDS``, then waited for in select for up to ``timeout`` seconds
-    (None: no limit). None if nothing came."""
-    deadline = time.perf_counter() + POLL_SECONDS
+    with ``poll``, polled for ``POLL_SECONDS`` first; then waited for in select for up to
+    ``timeout`` seconds (None: no limit). None if nothing came."""
+    deadline = time.perf_counter() + POLL_SECONDS if poll else 0.0
     while True:
         try:
             return os.read(fd, size)

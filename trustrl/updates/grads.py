@@ -277,6 +277,11 @@ class NumpyGradients:
         weight = self.critic[0][0]
         self.worker = CriticWorker(self, rows, weight.shape[1], weight.dtype)
 
+    def rest_worker(self) -> None:
+        """The update's last minibatch is done: the worker blocks until the next update."""
+        if self.worker is not None:
+            self.worker.rest()
+
     def stop_worker(self) -> None:
         if self.worker is not None:
             self.worker.close()

@@ -132,6 +132,8 @@ class PPOUpdate:
                     terms["value"] = grads.value_term(mb)
                 if terms:
                     self._step(terms, stats, skipped)
+        if self.critic_process and isinstance(grads, NumpyGradients):
+            grads.rest_worker()
 
         if skipped:
             detail = ", ".join(f"{term} ({count}x)" for term, count in skipped.items())
