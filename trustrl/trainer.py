@@ -281,6 +281,7 @@ class Trainer:
                     break
             self.save("final")
         finally:
+            gc.unfreeze()  # first: a failed last checkpoint below raises
             self.checkpoint_writer.close()  # the last write is on disk (or its error raised)
             stop.restore()
             bar.close()
@@ -289,7 +290,6 @@ class Trainer:
             self.collector.close()
             for update in self.updates:
                 update.close()
-            gc.unfreeze()
 
         if cfg.eval_episodes > 0:
             if self.eval_result is None:
