@@ -42,6 +42,7 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("env.num_envs", 0, ("env.num_envs", "got 0"), {}),
     ("env.num_envs", 2.5, ("env.num_envs", "2.5"), {}),
     ("env.backend", "threads", ("env.backend", "'threads'", "sync"), {}),
+    ("env.obs_stats", "iteration", ("env.obs_stats", "'iteration'", "rollout", "step"), {}),
     ("env.kwargs", [1, 2], ("env.kwargs", "[1, 2]"), {}),
     ("env.obs_clip", 0, ("env.obs_clip", "got 0"), {}),
     ("env.obs_clip", math.nan, ("env.obs_clip", "nan"), {}),

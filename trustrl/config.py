@@ -21,6 +21,7 @@ from typing import Any, Literal, get_args
 
 Activation = Literal["tanh", "relu"]
 Backend = Literal["auto", "sync", "async", "vector"]
+ObsStats = Literal["rollout", "step"]
 Algo = Literal["ppo", "trpo"]
 ActorMode = Literal["shared", "per_agent"]
 CriticInput = Literal["global", "agent_state", "agent_centric", "local"]
@@ -85,10 +86,13 @@ class EnvConfig:
     """Normalized observations are clipped to [-obs_clip, obs_clip]."""
     reward_clip: float = 10.0
     """Scaled rewards are clipped to [-reward_clip, reward_clip]."""
+    obs_stats: ObsStats = "rollout"
+    """When the observation statistics that act are updated: rollout (the policy snapshot's, frozen for a rollout; the learner merges what the rollout saw once per iteration) or step (the collector's copy also takes in every step, as SB3's VecNormalize does)."""
 
     def __post_init__(self) -> None:
         _check_int("env.num_envs", self.num_envs, 1)
         _check_choice("env.backend", self.backend, get_args(Backend))
+        _check_choice("env.obs_stats", self.obs_stats, get_args(ObsStats))
         _require(isinstance(self.kwargs, dict), f"env.kwargs must be a table, got {self.kwargs!r}")
         _check_positive("env.obs_clip", self.obs_clip)
         _check_positive("env.reward_clip", self.reward_clip)

@@ -34,8 +34,9 @@ from trustrl.checkpoint import (
     write_atomic,
     write_snapshot,
 )
-from trustrl.collect import Collector, EpisodeStats
+from trustrl.collect import Collector
 from trustrl.config import Config, config_from_dict, config_to_dict
+from trustrl.contract import EpisodeStats, PolicySnapshot, RolloutBatch
 from trustrl.envs import make_row_env
 from trustrl.evaluate import EvalResult, evaluate
 from trustrl.logging import ProgressBar, ProgressFile, TensorBoardWriter, truncate_progress
@@ -98,6 +99,8 @@ class Trainer:
             gamma=config.rollout.gamma,
             normalize_reward=config.env.normalize_reward,
             reward_clip=config.env.reward_clip,
+            num_steps=config.rollout.num_steps,
+            obs_stats=config.env.obs_stats,
         )
         self.groups = self.collector.groups
         ma = config.multiagent
@@ -123,10 +126,6 @@ class Trainer:
             else MultiAgentPolicy(self.groups, self.policies)
         )
         self.updates = [make_update(config, policy) for policy in self.policies]
-        self.rollouts = [
-            Rollout.for_group(group, config.rollout.num_steps, config.env.num_envs)
-            for group in self.groups
-        ]
         self.agent_names = [a for g in self.groups for a in g.agents if a]
         # After the envs: a bad env id or space leaves no empty run folder behind.
         check_writable(self.run_dir)
@@ -243,10 +242,10 @@ class Trainer:
                     self.save(f"iter_{self.iteration:08d}")
                     return self.policy
                 progress = self.iteration / cfg.num_iterations
-                episodes = self.collector.collect(self.policies, self.rollouts)
+                rollouts, episodes = self.collect()
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
-                    metrics = self._update(progress)
+                    metrics = self._update(progress, rollouts)
                 for warning in caught:
                     bar.print(f"[iteration {self.iteration + 1}] warning: {warning.message}")
                 self.iteration += 1
@@ -297,12 +296,23 @@ class Trainer:
             (self.run_dir / "eval.json").write_text(_json(self.eval_result.to_json()))
         return self.policy
 
-    def _update(self, progress: float) -> dict[str, float]:
+    def collect(self) -> tuple[list[Rollout], EpisodeStats]:
+        """One rollout through the runner contract: a snapshot out, a batch back, its
+        statistics merged; the rollouts to update on and the episodes that ended."""
+        batch = self.collector.collect(self.snapshot())
+        return absorb(self.policies, batch, self.iteration), batch.episodes
+
+    def snapshot(self) -> PolicySnapshot:
+        """What a runner acts with now: the policies' weights and statistics as numpy
+        arrays, at version ``iteration`` (the number of updates so far)."""
+        return PolicySnapshot.of(self.policies, self.iteration)
+
+    def _update(self, progress: float, rollouts: list[Rollout]) -> dict[str, float]:
         """Each group's update on its rollout; several groups' metrics are averaged, and
         also kept per group under "<group>/<metric>"."""
         cfg = self.config
         results = []
-        for policy, update, rollout in zip(self.policies, self.updates, self.rollouts, strict=True):
+        for policy, update, rollout in zip(self.policies, self.updates, rollouts, strict=True):
             rollout.compute_advantages(cfg.rollout.gamma, cfg.rollout.gae_lambda)
             results.append(update(policy, rollout, progress))
         if len(results) == 1:
@@ -354,6 +364,27 @@ class _StopOnInterrupt:
     def restore(self) -> None:
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
+
+
+def absorb(policies: list[Policy], batch: RolloutBatch, version: int) -> list[Rollout]:
+    """The learner's side of the contract: merge the batch's observation statistics into
+    the policies' normalizers (exactly, count, mean and M2) and wrap its arrays as the
+    rollouts the update trains on. The batch must come from the snapshot of ``version``
+    (synchronous collection)."""
+    if batch.version != version:
+        raise ValueError(
+            f"a rollout of policy version {batch.version} reached the learner at {version}"
+        )
+    rollouts = []
+    for policy, group in zip(policies, batch.groups, strict=True):
+        for normalizer, delta in (
+            (policy.obs_normalizer, group.obs_delta),
+            (policy.critic_normalizer, group.critic_delta),
+        ):
+            if normalizer is not None and delta is not None:
+                normalizer.merge(delta)
+        rollouts.append(Rollout.from_batch(group, policy.num_agents))
+    return rollouts
 
 
 def episode_metrics(episodes: EpisodeStats, agents: list[str] | None = None) -> dict[str, float]:
