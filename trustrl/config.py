@@ -178,8 +178,8 @@ class PPOConfig:
     """Stop the policy epochs before a step whose measured KL exceeds this (unset: never)."""
     norm_adv: bool = True
     """Normalize advantages per minibatch."""
-    critic_process: bool = True
-    """Compute the critic's share of each minibatch step in a second process, beside the actor's (numpy gradients, Linux, 2+ CPUs): identical results, faster updates. Turn off when other work keeps every core busy."""
+    critic_process: bool = False
+    """Compute the critic's share of each minibatch step in a forked second process that polls while an update runs (numpy gradients, Linux, 2+ CPUs): identical results, faster updates where a core is otherwise idle. Off by default: forking without exec is unsafe beside threads (notebooks, Ray actors) and the poll takes a core (docs/performance.md)."""
 
     @property
     def separate_optimizers(self) -> bool:
