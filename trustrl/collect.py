@@ -20,14 +20,15 @@ others play on) and the step was not the NEXT_STEP reset step after an episode e
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from trustrl.config import ObsStats
+from trustrl.config import Config, ObsStats
 from trustrl.contract import EpisodeStats, GroupBatch, PolicySnapshot, RolloutBatch
-from trustrl.envs import AgentGroup, GroupObs, GymRows, RowEnv
+from trustrl.envs import AgentGroup, GroupObs, GymRows, RowEnv, make_row_env
 from trustrl.inference import Inference
 from trustrl.normalize import RunningMeanStd, RunningStats
 from trustrl.spaces import SpaceSpec
@@ -457,3 +458,20 @@ class Collector:
 
     def close(self) -> None:
         self.rows.close()
+
+
+def make_collector(config: Config, seed: int, num_envs: int, name: str = "local") -> Collector:
+    """The collector of a run, over ``num_envs`` of its environments: the trainer's own
+    (all of them) or one Ray runner's share."""
+    local = replace(config, runners=0, envs_per_runner=None)
+    local = replace(local, env=replace(config.env, num_envs=num_envs))
+    return Collector(
+        make_row_env(local),
+        seed,
+        gamma=config.rollout.gamma,
+        normalize_reward=config.env.normalize_reward,
+        reward_clip=config.env.reward_clip,
+        num_steps=config.rollout.num_steps,
+        obs_stats=config.env.obs_stats,
+        name=name,
+    )

@@ -297,6 +297,16 @@ class Config:
     """Also evaluate deterministically every this many iterations (0: only at the end)."""
     target_return: float | None = None
     """Stop early once a deterministic evaluation (of eval_episodes episodes; none when it is 0) reaches this mean return. Evaluations for it run when the mean of the last 20 training episodes reaches it too."""
+    runners: int = 0
+    """Rollout runners as Ray actors (0: every env in this process, no Ray). Needs pip install 'trustrl[ray]'."""
+    envs_per_runner: int | None = None
+    """Environments on each runner (unset: env.num_envs split evenly over the runners)."""
+    ray_address: str | None = None
+    """Ray cluster to join (unset: start a local, loopback-only instance for the run)."""
+    runner_timeout: float = 120.0
+    """Seconds a runner may take for one rollout before it is replaced."""
+    runner_failures: int = 3
+    """Stop the run after this many runner failures in a row."""
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -305,8 +315,20 @@ class Config:
     multiagent: MultiAgentConfig = field(default_factory=MultiAgentConfig)
 
     @property
+    def num_envs(self) -> int:
+        """Environments over all runners: each contributes a row (per agent) to a rollout."""
+        if self.runners and self.envs_per_runner:
+            return self.runners * self.envs_per_runner
+        return self.env.num_envs
+
+    @property
+    def runner_envs(self) -> int:
+        """Environments on each runner."""
+        return self.num_envs // max(self.runners, 1)
+
+    @property
     def batch_size(self) -> int:
-        return self.env.num_envs * self.rollout.num_steps
+        return self.num_envs * self.rollout.num_steps
 
     @property
     def num_iterations(self) -> int:
@@ -325,6 +347,17 @@ class Config:
         _check_int("checkpoint_every", self.checkpoint_every, 1)
         _check_int("checkpoint_keep", self.checkpoint_keep, 1)
         _check_int("eval_every", self.eval_every, 0)
+        _check_int("runners", self.runners, 0)
+        if self.envs_per_runner is not None:
+            _check_int("envs_per_runner", self.envs_per_runner, 1)
+        if self.runners and not self.envs_per_runner:
+            _require(
+                self.env.num_envs % self.runners == 0,
+                f"env.num_envs ({self.env.num_envs}) must be a multiple of runners "
+                f"({self.runners}), or set envs_per_runner",
+            )
+        _check_positive("runner_timeout", self.runner_timeout)
+        _check_int("runner_failures", self.runner_failures, 1)
         if self.target_return is not None:
             _require(
                 _is_number(self.target_return),
@@ -337,7 +370,7 @@ class Config:
         )
         _require(
             minibatches <= self.batch_size,
-            f"{name} must be <= env.num_envs x rollout.num_steps = {self.batch_size}, "
+            f"{name} must be <= environments x rollout.num_steps = {self.batch_size}, "
             f"got {minibatches}",
         )
 

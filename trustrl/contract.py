@@ -25,6 +25,7 @@ import numpy as np
 from trustrl.normalize import RunningStats
 
 if TYPE_CHECKING:
+    from trustrl.envs import AgentGroup
     from trustrl.policy import Policy
 
 
@@ -156,8 +157,11 @@ def join(batches: Sequence[RolloutBatch]) -> RolloutBatch:
 
 
 class Runner(Protocol):
-    """Where a collector runs: in this process (``Collector`` itself) or elsewhere."""
+    """Where a collector runs: in this process (``Collector`` itself) or elsewhere
+    (``distributed.runners.RayRunners``)."""
 
+    @property
+    def groups(self) -> list[AgentGroup]: ...
     def collect(self, snapshot: PolicySnapshot, train: bool = True) -> RolloutBatch: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any], env_state: Any = None) -> None: ...

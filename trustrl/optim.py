@@ -6,9 +6,9 @@ whole CartPole training run; and on CPU its per-parameter (or per-tensor ``forea
 ops dominate a small network's step (see docs/performance.md). This class keeps the
 weights and moments in flat tensors and steps them with a handful of public in-place
 torch ops on those (the arithmetic of ``torch.optim.Adam``'s single-tensor CPU path);
-``tests/test_optim.py`` checks it step for step against ``torch.optim.Adam``. It keeps torch's attribute names
-(``param_groups``, ``state``) and ``state_dict`` layout, so checkpoints written with
-either load in both.
+``tests/test_optim.py`` checks it step for step against ``torch.optim.Adam``. It keeps
+torch's attribute names (``param_groups``, ``state``) and ``state_dict`` layout, so
+checkpoints written with either load in both.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ class Adam:
     At construction (and after ``grow``) the parameters' storage is moved into one
     contiguous tensor, each parameter becoming a view of its slice, and the moments are
     flat tensors too. A step is then seven ops on three flat tensors, whatever the
-    number of parameters: on CPU, ``torch._foreach_*`` still pays dispatch per tensor. ``state[p]`` holds views of the flat moments, in torch's layout.
+    number of parameters: on CPU, ``torch._foreach_*`` still pays dispatch per tensor.
+    ``state[p]`` holds views of the flat moments, in torch's layout.
 
     One difference from torch.optim.Adam: within a step where some but not all
     parameters have a gradient, the others are stepped with a zero gradient (their

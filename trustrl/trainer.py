@@ -34,10 +34,9 @@ from trustrl.checkpoint import (
     write_atomic,
     write_snapshot,
 )
-from trustrl.collect import Collector
+from trustrl.collect import make_collector
 from trustrl.config import Config, config_from_dict, config_to_dict
-from trustrl.contract import EpisodeStats, PolicySnapshot, RolloutBatch
-from trustrl.envs import make_row_env
+from trustrl.contract import EpisodeStats, PolicySnapshot, RolloutBatch, Runner
 from trustrl.evaluate import EvalResult, evaluate
 from trustrl.logging import ProgressBar, ProgressFile, TensorBoardWriter, truncate_progress
 from trustrl.multiagent import MultiAgentPolicy
@@ -93,14 +92,11 @@ class Trainer:
         threadpool_limits(config.torch_threads, user_api="blas")
         torch.manual_seed(config.seed)
 
-        self.collector = Collector(
-            make_row_env(config),
-            config.seed,
-            gamma=config.rollout.gamma,
-            normalize_reward=config.env.normalize_reward,
-            reward_clip=config.env.reward_clip,
-            num_steps=config.rollout.num_steps,
-            obs_stats=config.env.obs_stats,
+        # Where the envs run: this process, or Ray runners (the same collector in actors).
+        self.collector: Runner = (
+            make_collector(config, config.seed, config.num_envs)
+            if config.runners == 0
+            else _ray_runners(config)
         )
         self.groups = self.collector.groups
         ma = config.multiagent
@@ -262,6 +258,7 @@ class Trainer:
                     **episode_metrics(episodes, self.agent_names),
                     **metrics,
                     "eval_return_mean": evaluation.mean_return if evaluation else math.nan,
+                    **self._runner_metrics(),
                     "sps": sps,
                     "wall_time": self.wall_time,
                 }
@@ -301,6 +298,12 @@ class Trainer:
         statistics merged; the rollouts to update on and the episodes that ended."""
         batch = self.collector.collect(self.snapshot())
         return absorb(self.policies, batch, self.iteration), batch.episodes
+
+    def _runner_metrics(self) -> dict[str, float]:
+        """Ray runners replaced so far (only for runs with runners)."""
+        if not self.config.runners:
+            return {}
+        return {"runner_restarts": float(getattr(self.collector, "restarts", 0))}
 
     def snapshot(self) -> PolicySnapshot:
         """What a runner acts with now: the policies' weights and statistics as numpy
@@ -364,6 +367,12 @@ class _StopOnInterrupt:
     def restore(self) -> None:
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
+
+
+def _ray_runners(config: Config) -> Runner:
+    from trustrl.distributed.runners import RayRunners  # Ray only when asked for
+
+    return RayRunners(config)
 
 
 def absorb(policies: list[Policy], batch: RolloutBatch, version: int) -> list[Rollout]:
