@@ -13,17 +13,25 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from trustrl.config import Config, ConfigError, config_from_dict, read_toml, resolve
+from trustrl.config import (
+    Config,
+    ConfigError,
+    config_from_dict,
+    preset_table,
+    read_toml,
+    resolve,
+)
 
 TRAIN_USAGE = """\
-trustrl train ENV_ID [--algo ppo] [--config FILE] [--seed N] [--total-steps N]
-              [--run-dir DIR] [--quiet] [--<section>.<field> VALUE ...]
+trustrl train ENV_ID [--algo ppo] [--preset NAME] [--config FILE] [--seed N]
+              [--total-steps N] [--run-dir DIR] [--quiet] [--<section>.<field> VALUE ...]
 
 trustrl train --resume RUN_DIR [--total-steps N] [--quiet]
 
 Train on ENV_ID (a Gymnasium id or package.module:callable). The tuned preset for
-ENV_ID is used when one ships with trustrl (`trustrl presets`); --config FILE (TOML)
-overrides it, and flags override both. All flags:
+ENV_ID is used when one ships with trustrl (`trustrl presets`; --preset NAME picks one of
+the env's named presets instead); --config FILE (TOML) overrides it, and flags override
+both. All flags:
 """
 
 
@@ -35,6 +43,7 @@ def _split_train_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="trustrl train", add_help=False)
     parser.add_argument("--algo", default="ppo")
     parser.add_argument("--config", default=None)
+    parser.add_argument("--preset", default=None)
     parser.add_argument("--resume", default=None)
     parser.add_argument("--env-id", default=None)
     known, rest = parser.parse_known_args(argv)
@@ -53,7 +62,11 @@ def cmd_train(argv: list[str]) -> int:
     known, rest = _split_train_args(argv)
     if any(a in ("-h", "--help") for a in rest):
         # With ENV_ID given, the defaults shown are that env's preset.
-        base = resolve(known.env_id, known.algo, known.config) if known.env_id else Config()
+        base = (
+            resolve(known.env_id, known.algo, known.config, preset=known.preset)
+            if known.env_id
+            else Config()
+        )
         _tyro_config(base, ["--help"])
         return 0
     from trustrl.trainer import Trainer
@@ -82,8 +95,15 @@ def cmd_train(argv: list[str]) -> int:
         from trustrl.envs import check_env_id
 
         check_env_id(known.env_id)
-        base = resolve(known.env_id, known.algo, known.config)
+        base = resolve(known.env_id, known.algo, known.config, preset=known.preset)
         config = _tyro_config(base, rest)
+        if not config.quiet and preset_table(known.algo, known.env_id) is None:
+            print(
+                f"trustrl: no preset for {known.algo} on {known.env_id}: using trustrl's "
+                f"defaults{' and ' + known.config if known.config else ''} "
+                "(`trustrl presets` lists the envs with one)",
+                file=sys.stderr,
+            )
         trainer = Trainer(config)
     if not config.quiet:
         print(f"run folder: {trainer.run_dir}")
@@ -142,13 +162,22 @@ def cmd_eval(argv: list[str]) -> int:
 
 
 def cmd_presets(argv: list[str]) -> int:
-    from trustrl.config import available_presets
+    from trustrl.config import list_presets
 
-    parser = argparse.ArgumentParser(prog="trustrl presets", description="List shipped presets.")
-    parser.add_argument("--algo", default="ppo")
+    parser = argparse.ArgumentParser(
+        prog="trustrl presets",
+        description="List the shipped presets: the env ids `trustrl train ENV_ID` finds a "
+        "preset for, and their named presets (`--preset NAME`).",
+    )
+    parser.add_argument("--algo", default=None, help="only this algorithm's (ppo or trpo)")
     args = parser.parse_args(argv)
-    for name in available_presets(args.algo):
-        print(name)
+    presets = list_presets(args.algo)
+    if not presets:
+        raise UsageError(f"no presets for --algo {args.algo!r}; choose from ppo, trpo")
+    width = max(len(info.env_id) for info in presets)
+    print(f"{'algo':<5} {'env id':<{width}}  named presets (--preset NAME)")
+    for info in presets:
+        print(f"{info.algo:<5} {info.env_id:<{width}}  {', '.join(info.named)}".rstrip())
     return 0
 
 
