@@ -131,7 +131,9 @@ def cmd_eval(argv: list[str]) -> int:
         prog="trustrl eval", description="Run a saved policy with its saved normalizer."
     )
     parser.add_argument("path", help="run folder or checkpoint folder")
-    parser.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")
+    parser.add_argument(
+        "--episodes", type=int, default=None, help="episodes to run (default 10; 1 with --video)"
+    )
     parser.add_argument(
         "--deterministic",
         action=argparse.BooleanOptionalAction,
@@ -140,26 +142,69 @@ def cmd_eval(argv: list[str]) -> int:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the first episode")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--video", action="store_true", help="record each episode as an mp4 (rgb_array rendering)"
+    )
+    parser.add_argument(
+        "--out", default=None, help="folder for the videos (default: videos/ in PATH)"
+    )
     args = parser.parse_args(argv)
+    if args.episodes is None:
+        args.episodes = 1 if args.video else 10
     if args.episodes < 1:
         raise UsageError(f"--episodes must be >= 1, got {args.episodes}")
+    if args.out is not None and not args.video:
+        raise UsageError("--out is the folder for --video's files; add --video")
 
     from trustrl.checkpoint import load_policy, read_meta, resolve_checkpoint
-    from trustrl.evaluate import evaluate
+    from trustrl.evaluate import EvalResult, evaluate
 
     folder = resolve_checkpoint(args.path)
     config = config_from_dict(read_meta(folder)["config"])
     policy = load_policy(folder)
-    result = evaluate(
-        policy, config.env_id, args.episodes, args.deterministic, args.seed, config.env.kwargs
-    )
+    videos: list[Path] = []
+    if args.video:
+        import os
+
+        # Off-screen MuJoCo rendering without a display (this process is the CLI's own).
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        from trustrl.video import record
+
+        out = Path(args.out) if args.out else Path(args.path) / "videos"
+        recording = record(
+            policy,
+            config.env_id,
+            out,
+            args.episodes,
+            args.deterministic,
+            args.seed,
+            config.env.kwargs,
+        )
+        videos = recording.videos
+        result = EvalResult(recording.returns, recording.lengths)
+    else:
+        result = evaluate(
+            policy, config.env_id, args.episodes, args.deterministic, args.seed, config.env.kwargs
+        )
     if args.json:
-        print(json.dumps({**result.to_json(), "checkpoint": str(folder), "env_id": config.env_id}))
+        extra = {"videos": [str(v) for v in videos]} if args.video else {}
+        print(
+            json.dumps(
+                {
+                    **result.to_json(),
+                    "checkpoint": str(folder),
+                    "env_id": config.env_id,
+                    **extra,
+                }
+            )
+        )
     else:
         print(
             f"{config.env_id}: {result.mean_return:.2f} ± {result.std_return:.2f} over "
             f"{len(result.returns)} episodes ({folder})"
         )
+        for video in videos:
+            print(f"video: {video}")
     return 0
 
 
