@@ -89,6 +89,7 @@ def test_train_prints_the_evaluation_and_run_folder(tmp_path: Path, capsys) -> N
     assert code == 0, err
     assert "evaluation over 1 episodes (deterministic)" in out
     assert out.rstrip().endswith(f"run folder: {run_dir}")
+    assert f"learning curve: trustrl plot {run_dir}\n" in out
     assert "Traceback" not in err
 
 

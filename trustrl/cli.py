@@ -121,8 +121,8 @@ def cmd_train(argv: list[str]) -> int:
             f"evaluation over {len(result.returns)} episodes (deterministic): "
             f"{result.mean_return:.2f} ± {result.std_return:.2f}"
         )
-    print(f"run folder: {trainer.run_dir}")
     print(f"learning curve: {plot_command(trainer.run_dir)}")
+    print(f"run folder: {trainer.run_dir}")
     return 0
 
 
