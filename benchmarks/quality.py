@@ -21,7 +21,7 @@ Per cell: the mean over seeds of the final evaluation, each seed's, the interqua
 with a stratified-bootstrap 95% interval (``rliable``), the wall time per run (process
 start to the end of training) and the published figures beside it. Time to quality: the
 wall time from the worker's process start to the first periodic deterministic evaluation
-(``--eval-every`` iterations, 10 episodes) at or above the SB3 zoo figure. Learning curves
+(every ``--eval-every`` env steps, 10 episodes) at or above the SB3 zoo figure. Learning curves
 come from ``trustrl plot`` (``trustrl/plot.py``), one image per env. The multi-agent
 simple_spread figures are those already measured by ``benchmarks/simple_spread.py``
 (``docs/multiagent.json``), shown beside the table, not retrained.
@@ -62,7 +62,9 @@ ENVS = ("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "Hopper-v5", "HalfCheetah-v5
 ALGOS = ("ppo", "trpo")
 EVAL_EPISODES = 10
 EVAL_SEED = 500_000
-EVAL_EVERY = 10  # iterations between periodic evaluations, where a preset sets none
+# Env steps between periodic evaluations where a preset sets none, rounded to whole
+# iterations: one grid in env steps for every preset, whatever its iteration's size.
+EVAL_EVERY = 20_000
 BOOTSTRAP_REPS = 5000
 RUN_ROOT = ROOT / "runs" / "quality"
 DOC = ROOT / "docs" / "quality.md"
@@ -194,7 +196,7 @@ class Job:
     env_id: str
     seed: int
     total_steps: int | None  # None: the preset's budget
-    eval_every: int
+    eval_every: int  # env steps
 
     @property
     def name(self) -> str:
@@ -220,7 +222,7 @@ def work(job: Job, run_dir: Path, code: dict[str, Any]) -> None:
     if job.total_steps is not None:
         overrides["total_steps"] = job.total_steps
     if preset.eval_every == 0:  # a preset's own (e.g. CartPole's, with its early stop) stays
-        overrides["eval_every"] = job.eval_every
+        overrides["eval_every"] = max(1, round(job.eval_every / preset.batch_size))
     config = trustrl.resolve(job.env_id, job.algo, overrides=overrides)
     trainer = Trainer(config)
     setup_s = time.perf_counter() - PROCESS_START
@@ -637,10 +639,10 @@ def render(
             "## Time to quality",
             "",
             "Wall time on this machine from the run's process start to the first periodic "
-            f"deterministic evaluation ({EVAL_EPISODES} episodes, every `--eval-every` "
-            "iterations) at or above the SB3 zoo figure; beside it the wall time of SB3's PPO "
-            "with the zoo's settings for the same env steps here (`--sb3`), and its final "
-            "evaluation under our protocol.",
+            f"deterministic evaluation ({EVAL_EPISODES} episodes, about every `--eval-every` "
+            "env steps, in whole iterations) at or above the SB3 zoo figure; beside it the "
+            "wall time of SB3's PPO with the zoo's settings for the same env steps here "
+            "(`--sb3`), and its final evaluation under our protocol.",
             "",
             "| algo | env | SB3 zoo figure | evaluated every | each seed | median | SB3 PPO, "
             "zoo settings, same steps here |",
@@ -769,8 +771,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--eval-every",
         type=int,
         default=EVAL_EVERY,
-        help="iterations between periodic deterministic evaluations, for runs whose preset "
-        f"sets none (default {EVAL_EVERY}; they time the quality)",
+        help="env steps between periodic deterministic evaluations (rounded to whole "
+        f"iterations), for runs whose preset sets none (default {EVAL_EVERY:,}; they time "
+        "the quality)",
     )
     parser.add_argument("--run-root", type=Path, default=RUN_ROOT, help="where runs go")
     parser.add_argument("--doc", type=Path, default=DOC, help="markdown out (JSON beside it)")
