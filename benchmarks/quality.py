@@ -600,6 +600,12 @@ def render(
         "| published at 1M (source) | target | met |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    if not cells:
+        lines += [
+            "| - | no finished run yet: `benchmarks/quality.py --dry-run` lists the plan | "
+            + "| " * 7
+            + "|"
+        ]
     for cell in cells:
         each = " / ".join(fmt(s) for s in cell["scores"])
         published = "; ".join(f"{v:,.0f} ({k})" for k, v in cell["published"].items())
