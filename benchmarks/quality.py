@@ -71,6 +71,7 @@ DOC = ROOT / "docs" / "quality.md"
 PLOTS = ROOT / "docs" / "quality"
 MULTIAGENT = ROOT / "docs" / "multiagent.json"
 DONE = "quality.json"
+SMOOTH = 10  # the curves: each run's training returns averaged over 10 iterations
 
 
 @dataclass(frozen=True)
@@ -702,8 +703,9 @@ def render(
         lines += [
             "## Learning curves",
             "",
-            "Mean return of the training episodes over the table's seeds, shaded: 95% "
-            "bootstrap interval (`trustrl plot`; the command under each).",
+            "Mean return of the training episodes (each run's averaged over "
+            f"{SMOOTH} iterations) over the table's seeds, shaded: 95% bootstrap interval "
+            "(`trustrl plot`; the command under each).",
             "",
         ]
         for env_id, (image, command) in plots.items():
@@ -725,11 +727,11 @@ def draw_plots(cells: list[dict[str, Any]], folder: Path, doc: Path) -> dict[str
         out = folder / f"{env_id.replace(':', '_')}.png"
         title = f"{env_id}: mean over seeds, shaded 95% bootstrap interval"
         try:
-            plot([ROOT / d for d in run_dirs], out, title=title)
+            plot([ROOT / d for d in run_dirs], out, title=title, smooth=SMOOTH)
         except PlotError as exc:
             print(f"no curve for {env_id}: {exc}")
             continue
-        command = f"trustrl plot {' '.join(run_dirs)} --out {relative(out)}"
+        command = f"trustrl plot {' '.join(run_dirs)} --smooth {SMOOTH} --out {relative(out)}"
         images[env_id] = (os.path.relpath(out, doc.parent), command)
     return images
 

@@ -87,6 +87,14 @@ def test_sparse_metric_and_wall_time_axis_are_aligned(two_groups: Path, tmp_path
     np.testing.assert_allclose(wall[1].mean, 101.5 + 2 * np.arange(6))
 
 
+def test_smoothing_is_a_trailing_mean_per_run(two_groups: Path) -> None:
+    [first, _] = curves(find_runs([two_groups]), smooth=3)
+    # Seeds' values 10s + i, i = 0..5: trailing means over 1, 2, 3, 3, 3, 3 points.
+    np.testing.assert_allclose(first.mean, 20.0 + np.array([0, 0.5, 1, 2, 3, 4]))
+    with pytest.raises(PlotError, match="--smooth must be >= 1"):
+        curves(find_runs([two_groups]), smooth=0)
+
+
 def test_one_run_has_no_band_and_plots_into_its_folder(two_groups: Path) -> None:
     run = two_groups / "a1"
     out, figure, [curve] = plot([run])

@@ -249,11 +249,17 @@ def cmd_plot(argv: list[str]) -> int:
     )
     parser.add_argument("--x", default="env_steps", choices=["env_steps", "wall_time"])
     parser.add_argument("--title", default=None, help="title above the plot")
+    parser.add_argument(
+        "--smooth",
+        type=int,
+        default=1,
+        help="average each run's values over a trailing window of N points first (default 1)",
+    )
     args = parser.parse_args(argv)
     from trustrl.plot import PlotError, plot
 
     try:
-        out, _, found = plot(args.runs, args.out, args.metric, args.x, args.title)
+        out, _, found = plot(args.runs, args.out, args.metric, args.x, args.title, args.smooth)
     except PlotError as exc:
         raise UsageError(str(exc)) from None
     runs = sum(len(curve.runs) for curve in found)

@@ -85,11 +85,19 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
 
 
 def curves(
-    runs: list[Run], metric: str = "episode_return_mean", x: str = "env_steps", seed: int = 0
+    runs: list[Run],
+    metric: str = "episode_return_mean",
+    x: str = "env_steps",
+    smooth: int = 1,
+    seed: int = 0,
 ) -> list[Curve]:
-    """Group the runs and compute each group's mean and band (groups in first-seen order)."""
+    """Group the runs and compute each group's mean and band (groups in first-seen order).
+    ``smooth``: each run's values are first averaged over a trailing window of that many
+    points (1: as logged)."""
     if x not in X_AXES:
         raise PlotError(f"--x must be one of {', '.join(X_AXES)}, got {x!r}")
+    if smooth < 1:
+        raise PlotError(f"--smooth must be >= 1, got {smooth}")
     groups: dict[str, list[Run]] = {}
     for run in runs:
         if run.rows and metric not in run.rows[0]:
@@ -100,7 +108,7 @@ def curves(
     rng = np.random.default_rng(seed)
     out = []
     for label, members in zip(labels, groups.values(), strict=True):
-        series = [_series(run, x, metric) for run in members]
+        series = [_smoothed(*_series(run, x, metric), smooth) for run in members]
         kept = [(run.path, s) for run, s in zip(members, series, strict=True) if len(s[0])]
         if not kept:
             continue
@@ -145,6 +153,7 @@ def plot(
     metric: str = "episode_return_mean",
     x: str = "env_steps",
     title: str | None = None,
+    smooth: int = 1,
 ) -> tuple[Path, Figure, list[Curve]]:
     """Draw the learning curves of the runs under ``paths`` into ``out`` (.png or .svg;
     default: ``curves.png`` in the run folder when there is one, else here)."""
@@ -155,7 +164,7 @@ def plot(
     out = Path(out)
     if out.suffix.lower() not in (".png", ".svg"):
         raise PlotError(f"--out must end in .png or .svg, got {out}")
-    found = curves(runs, metric, x)
+    found = curves(runs, metric, x, smooth)
     figure = draw(found, metric, x, title)
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out)
@@ -171,6 +180,15 @@ def _series(run: Run, x: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
     ]
     array = np.array(points, dtype=np.float64).reshape(-1, 2)
     return array[:, 0], array[:, 1]
+
+
+def _smoothed(xs: np.ndarray, ys: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """The trailing mean over ``window`` points (fewer at the start)."""
+    if window == 1 or len(ys) == 0:
+        return xs, ys
+    sums = np.cumsum(np.concatenate([[0.0], ys]))
+    starts = np.maximum(np.arange(1, len(ys) + 1) - window, 0)
+    return xs, (sums[1:] - sums[starts]) / (np.arange(1, len(ys) + 1) - starts)
 
 
 def _align(series: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
