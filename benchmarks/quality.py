@@ -211,7 +211,7 @@ def work(job: Job, run_dir: Path, code: dict[str, Any]) -> None:
     import trustrl
     from trustrl.config import config_to_dict
     from trustrl.logging import read_progress
-    from trustrl.trainer import Trainer, evaluate
+    from trustrl.trainer import Trainer, evaluate  # the evaluation the trainer itself runs
 
     preset = trustrl.resolve(job.env_id, job.algo)
     overrides: dict[str, Any] = {
@@ -378,6 +378,16 @@ def train_missing(jobs: list[Job], run_root: Path, timeout: float, live: bool) -
     if not todo:
         return
     code, folder = snapshot_code(live)
+    try:
+        run_all(todo, run_root, timeout, code, folder)
+    finally:
+        if not live:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_all(
+    todo: list[Job], run_root: Path, timeout: float, code: dict[str, Any], folder: str
+) -> None:
     env = {**os.environ, "QUALITY_CODE": folder}
     for n, job in enumerate(todo, start=1):
         run_dir = run_root / job.name
