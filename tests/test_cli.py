@@ -89,6 +89,7 @@ def test_train_prints_the_evaluation_and_run_folder(tmp_path: Path, capsys) -> N
     assert code == 0, err
     assert "evaluation over 1 episodes (deterministic)" in out
     assert out.rstrip().endswith(f"run folder: {run_dir}")
+    assert f"learning curve: trustrl plot {run_dir}\n" in out
     assert "Traceback" not in err
 
 
@@ -265,7 +266,7 @@ def test_train_help_shows_the_preset(capsys) -> None:
 
 def test_top_level_usage(capsys) -> None:
     code, out, _ = run_cli([], capsys)
-    assert code == 2 and "usage: trustrl {train,eval,export,presets}" in out
+    assert code == 2 and "usage: trustrl {train,eval,plot,export,presets}" in out
     code, out, _ = run_cli(["--help"], capsys)
     assert code == 0
     code, _, err = run_cli(["fly"], capsys)

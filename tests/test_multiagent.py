@@ -803,8 +803,8 @@ def test_advantages_are_normalized_over_the_groups_valid_rows() -> None:
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_simple_spread_preset_has_the_seed_kernels_settings() -> None:
-    config = trustrl.resolve(SPREAD)
+def test_simple_spread_kernel_preset_has_the_seed_kernels_settings() -> None:
+    config = trustrl.resolve(SPREAD, preset="relayrl-kernel")
     assert config.total_steps == 2_000_000
     assert config.env.kwargs == {"local_ratio": 0.5, "max_cycles": 25, "continuous_actions": False}
     assert config.policy.hidden_sizes == (64, 64) and config.policy.activation == "relu"

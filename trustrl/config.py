@@ -5,8 +5,9 @@ refused where it is built, with a message that names the field, the value and wh
 is allowed. Derived sizes are properties and never written back.
 
 Resolution order for ``trustrl train ENV_ID``: the dataclass defaults, then the
-preset shipped for ``ENV_ID`` and the algorithm (``trustrl/presets/<algo>/<env>.toml``),
-then the user's ``--config FILE``, then command-line flags.
+preset shipped for ``ENV_ID`` and the algorithm (``trustrl/presets/<algo>/<env>.toml``, or
+with ``--preset NAME`` the named one, ``trustrl/presets/<algo>/<env>/<NAME>.toml``), then
+the user's ``--config FILE``, then command-line flags.
 """
 
 from __future__ import annotations
@@ -460,19 +461,70 @@ def preset_name(env_id: str) -> str:
     return env_id.replace(":", "_").replace("/", "_")
 
 
-def preset_table(algo: str, env_id: str) -> dict[str, Any] | None:
-    """The tuned preset shipped for this algorithm and env, if there is one."""
-    resource = resources.files("trustrl").joinpath("presets", algo, f"{preset_name(env_id)}.toml")
-    if not resource.is_file():
-        return None
-    return tomllib.loads(resource.read_text())
+def _preset_folder(algo: str) -> Any:
+    return resources.files("trustrl").joinpath("presets", algo)
+
+
+def _read_preset(resource: Any) -> dict[str, Any]:
+    """A preset file's settings; its ``env_id`` key only names the env (see PresetInfo)."""
+    table = tomllib.loads(resource.read_text())
+    table.pop("env_id", None)
+    return table
+
+
+def preset_table(algo: str, env_id: str, name: str | None = None) -> dict[str, Any] | None:
+    """The preset shipped for this algorithm and env, if there is one: the default
+    (``presets/<algo>/<env>.toml``), or the named one (``presets/<algo>/<env>/<name>.toml``)."""
+    stem = preset_name(env_id)
+    folder = _preset_folder(algo)
+    resource = folder.joinpath(f"{stem}.toml") if name is None else folder / stem / f"{name}.toml"
+    return _read_preset(resource) if resource.is_file() else None
+
+
+@dataclass(frozen=True)
+class PresetInfo:
+    """One env's shipped presets for one algorithm, as a user names them."""
+
+    algo: str
+    env_id: str
+    """The id typed on the command line (``mpe2:simple_spread_v3``, not the file's stem)."""
+    named: tuple[str, ...]
+    """Named presets besides the default, selected with ``--preset NAME``."""
+
+
+def list_presets(algo: str | None = None) -> list[PresetInfo]:
+    """Every shipped preset, by algorithm and env id.
+
+    A file's stem is the env id with ``:`` and ``/`` replaced (``preset_name``); where
+    that changes the id, the file says the id in an ``env_id`` key."""
+    found = []
+    for algo_folder in sorted(resources.files("trustrl").joinpath("presets").iterdir(), key=str):
+        if not algo_folder.is_dir() or (algo is not None and algo_folder.name != algo):
+            continue
+        for entry in sorted(algo_folder.iterdir(), key=lambda e: e.name):
+            if not entry.name.endswith(".toml"):
+                continue
+            stem = entry.name.removesuffix(".toml")
+            env_id = tomllib.loads(entry.read_text()).get("env_id", stem)
+            named_folder = algo_folder / stem
+            named = (
+                tuple(
+                    sorted(
+                        p.name.removesuffix(".toml")
+                        for p in named_folder.iterdir()
+                        if p.name.endswith(".toml")
+                    )
+                )
+                if named_folder.is_dir()
+                else ()
+            )
+            found.append(PresetInfo(algo_folder.name, env_id, named))
+    return found
 
 
 def available_presets(algo: str) -> list[str]:
-    folder = resources.files("trustrl").joinpath("presets", algo)
-    return sorted(
-        p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml")
-    )
+    """The env ids with a default preset for ``algo``."""
+    return [info.env_id for info in list_presets(algo)]
 
 
 def resolve(
@@ -480,12 +532,23 @@ def resolve(
     algo: str = "ppo",
     config_file: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
+    preset: str | None = None,
 ) -> Config:
-    """Defaults <- preset for (algo, env) <- config file <- overrides."""
+    """Defaults <- preset for (algo, env) <- config file <- overrides.
+
+    ``preset`` names one of the env's named presets (``trustrl presets`` lists them),
+    used in place of its default preset."""
     table: dict[str, Any] = {"env_id": env_id, "algo": algo}
-    preset = preset_table(algo, env_id)
-    if preset is not None:
-        table = merge(table, preset)
+    settings = preset_table(algo, env_id, preset)
+    if preset is not None and settings is None:
+        named = next(
+            (i.named for i in list_presets(algo) if preset_name(i.env_id) == preset_name(env_id)),
+            (),
+        )
+        choices = f"choose from {', '.join(named)}" if named else "it has none"
+        raise ConfigError(f"no preset {preset!r} for {algo} on {env_id}; {choices}")
+    if settings is not None:
+        table = merge(table, settings)
     if config_file is not None:
         table = merge(table, read_toml(config_file))
     if overrides:
