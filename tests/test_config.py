@@ -40,6 +40,13 @@ SEPARATE = {"ppo": {"pi_lr": 1e-3, "vf_lr": 1e-3}}
 # (field path, bad value, fragments the message must contain, other keys the case needs)
 BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("env.num_envs", 0, ("env.num_envs", "got 0"), {}),
+    ("env.num_envs", 6, ("env.num_envs (6)", "multiple of runners (4)"), {"runners": 4}),
+    ("runners", -1, ("runners", "got -1"), {}),
+    ("envs_per_runner", 0, ("envs_per_runner", "got 0"), {"runners": 2}),
+    ("runner_timeout", 0.0, ("runner_timeout", "0.0"), {}),
+    ("runner_failures", 0, ("runner_failures", "got 0"), {}),
+    ("max_version_lag", -1, ("max_version_lag", "got -1"), {}),
+    ("async_collection", True, ("async_collection needs runners > 0",), {}),
     ("env.num_envs", 2.5, ("env.num_envs", "2.5"), {}),
     ("env.backend", "threads", ("env.backend", "'threads'", "sync"), {}),
     ("env.obs_stats", "iteration", ("env.obs_stats", "'iteration'", "rollout", "step"), {}),
@@ -130,6 +137,7 @@ UNVALIDATED = {
     "multiagent.value_norm",
     "run_dir",
     "quiet",
+    "ray_address",
 }
 
 

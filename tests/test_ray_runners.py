@@ -142,3 +142,28 @@ def test_resume_with_runners_continues_the_run(tmp_path: Path) -> None:
     assert resumed.iteration == 2 and not resumed.envs_restored
     resumed.train()
     assert [float(r["env_steps"]) for r in progress(tmp_path)] == [128.0 * i for i in range(1, 5)]
+
+
+def test_asynchronous_collection_trains_on_fresh_batches_and_drops_stale_ones(
+    tmp_path: Path,
+) -> None:
+    """Each update takes one runner's batch as it arrives; with max_version_lag = 0 a
+    batch of an older policy is dropped (the other runner's first batch at least), and
+    every trained row came from the current policy."""
+    cfg = config(3, async_collection=True, max_version_lag=0)  # 3 x 4 envs x 32 steps
+    assert cfg.batch_size == 2 * STEPS  # one runner's envs
+    policy = Trainer(cfg, tmp_path / "lag0").train()
+    rows = progress(tmp_path / "lag0")
+    assert [float(r["env_steps"]) for r in rows] == [64.0 * i for i in range(1, 7)]
+    assert {float(r["version_lag_max"]) for r in rows} == {0.0}
+    assert float(rows[-1]["dropped_rollouts"]) >= 1
+    for r in rows:
+        assert 0.0 <= float(r["learner_busy"]) <= 1.0
+        assert 0.0 <= float(r["runner_idle"]) <= 1.0
+    # The statistics took in exactly the trained batches' observations.
+    assert isinstance(policy, trustrl.Policy) and policy.obs_normalizer is not None
+    assert policy.obs_normalizer.count.item() == 6 * 2 * STEPS
+
+    Trainer(config(3, async_collection=True, max_version_lag=1), tmp_path / "lag1").train()
+    rows = progress(tmp_path / "lag1")
+    assert len(rows) == 6 and max(float(r["version_lag_max"]) for r in rows) <= 1.0

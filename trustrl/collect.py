@@ -20,6 +20,7 @@ others play on) and the step was not the NEXT_STEP reset step after an episode e
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -246,6 +247,7 @@ class Collector:
             raise ValueError(
                 f"the snapshot holds {len(inferences)} policies for {len(self.lanes)} groups"
             )
+        start = time.perf_counter()
         num_steps = self.num_steps
         views = [
             _arrays(group, num_steps, len(lane.agent))
@@ -310,8 +312,17 @@ class Collector:
                 )
             )
         return RolloutBatch(
-            tuple(groups), stats, snapshot.version, self.name, num_steps * self.num_envs
+            tuple(groups),
+            stats,
+            snapshot.version,
+            self.name,
+            num_steps * self.num_envs,
+            time.perf_counter() - start,
         )
+
+    def metrics(self) -> dict[str, float]:
+        """Nothing beyond the rollout: the collector runs in the learner's process."""
+        return {}
 
     def _inputs(
         self,
@@ -463,7 +474,7 @@ class Collector:
 def make_collector(config: Config, seed: int, num_envs: int, name: str = "local") -> Collector:
     """The collector of a run, over ``num_envs`` of its environments: the trainer's own
     (all of them) or one Ray runner's share."""
-    local = replace(config, runners=0, envs_per_runner=None)
+    local = replace(config, runners=0, envs_per_runner=None, async_collection=False)
     local = replace(local, env=replace(config.env, num_envs=num_envs))
     return Collector(
         make_row_env(local),

@@ -308,6 +308,10 @@ class Config:
     """Seconds a runner may take for one rollout before it is replaced."""
     runner_failures: int = 3
     """Stop the run after this many runner failures in a row."""
+    async_collection: bool = False
+    """Runners keep collecting with the newest snapshot they have while the learner updates on each runner's batch as it arrives (needs runners > 0; not reproducible run to run)."""
+    max_version_lag: int = 1
+    """Asynchronous collection: a batch collected by a policy more than this many updates old is dropped, not trained on."""
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -329,7 +333,10 @@ class Config:
 
     @property
     def batch_size(self) -> int:
-        return self.num_envs * self.rollout.num_steps
+        """Rows of one update: every env's rollout, or with asynchronous collection one
+        runner's."""
+        envs = self.runner_envs if self.async_collection else self.num_envs
+        return envs * self.rollout.num_steps
 
     @property
     def num_iterations(self) -> int:
@@ -359,6 +366,12 @@ class Config:
             )
         _check_positive("runner_timeout", self.runner_timeout)
         _check_int("runner_failures", self.runner_failures, 1)
+        _check_int("max_version_lag", self.max_version_lag, 0)
+        _require(
+            not self.async_collection or self.runners > 0,
+            "async_collection needs runners > 0 (the embedded default collects in step with "
+            "the learner)",
+        )
         if self.target_return is not None:
             _require(
                 _is_number(self.target_return),

@@ -119,6 +119,7 @@ class RolloutBatch:
     version: int
     runner: str
     env_steps: int  # env steps taken (steps x envs), what the learner counts
+    seconds: float = 0.0  # the runner's wall time collecting it
 
 
 def join(batches: Sequence[RolloutBatch]) -> RolloutBatch:
@@ -153,6 +154,7 @@ def join(batches: Sequence[RolloutBatch]) -> RolloutBatch:
         batches[0].version,
         "+".join(b.runner for b in batches),
         sum(b.env_steps for b in batches),
+        max(b.seconds for b in batches),
     )
 
 
@@ -167,4 +169,7 @@ class Runner(Protocol):
     def load_state_dict(self, state: dict[str, Any], env_state: Any = None) -> None: ...
     def capture(self) -> Any: ...
     def reset(self, seed: int) -> None: ...
+    def metrics(self) -> dict[str, float]:
+        """What the runner reports per iteration beside the rollout (restarts, drops)."""
+
     def close(self) -> None: ...

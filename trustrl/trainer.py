@@ -126,6 +126,7 @@ class Trainer:
         # After the envs: a bad env id or space leaves no empty run folder behind.
         check_writable(self.run_dir)
         self.iteration = 0
+        self.version_lag = 0  # of the last batch trained on
         self.env_steps = 0
         self.wall_time = 0.0
         self.eval_result: EvalResult | None = None
@@ -238,10 +239,13 @@ class Trainer:
                     self.save(f"iter_{self.iteration:08d}")
                     return self.policy
                 progress = self.iteration / cfg.num_iterations
+                iteration_start = time.perf_counter()
                 rollouts, episodes = self.collect()
+                update_start = time.perf_counter()
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
                     metrics = self._update(progress, rollouts)
+                update_seconds = time.perf_counter() - update_start
                 for warning in caught:
                     bar.print(f"[iteration {self.iteration + 1}] warning: {warning.message}")
                 self.iteration += 1
@@ -258,7 +262,7 @@ class Trainer:
                     **episode_metrics(episodes, self.agent_names),
                     **metrics,
                     "eval_return_mean": evaluation.mean_return if evaluation else math.nan,
-                    **self._runner_metrics(),
+                    **self._runner_metrics(update_seconds, iteration_start),
                     "sps": sps,
                     "wall_time": self.wall_time,
                 }
@@ -297,13 +301,23 @@ class Trainer:
         """One rollout through the runner contract: a snapshot out, a batch back, its
         statistics merged; the rollouts to update on and the episodes that ended."""
         batch = self.collector.collect(self.snapshot())
-        return absorb(self.policies, batch, self.iteration), batch.episodes
+        lag = self.config.max_version_lag if self.config.async_collection else 0
+        self.version_lag = self.iteration - batch.version
+        return absorb(self.policies, batch, self.iteration, lag), batch.episodes
 
-    def _runner_metrics(self) -> dict[str, float]:
-        """Ray runners replaced so far (only for runs with runners)."""
+    def _runner_metrics(self, update_seconds: float, iteration_start: float) -> dict[str, float]:
+        """For runs with Ray runners: the runners' own (restarts, dropped batches, idle
+        fraction), the version lag of the rows just trained on (one batch: its mean and
+        max are the same) and the learner's busy fraction (updating, not waiting)."""
         if not self.config.runners:
             return {}
-        return {"runner_restarts": float(getattr(self.collector, "restarts", 0))}
+        elapsed = max(time.perf_counter() - iteration_start, 1e-9)
+        return {
+            **self.collector.metrics(),
+            "version_lag_mean": float(self.version_lag),
+            "version_lag_max": float(self.version_lag),
+            "learner_busy": update_seconds / elapsed,
+        }
 
     def snapshot(self) -> PolicySnapshot:
         """What a runner acts with now: the policies' weights and statistics as numpy
@@ -375,14 +389,17 @@ def _ray_runners(config: Config) -> Runner:
     return RayRunners(config)
 
 
-def absorb(policies: list[Policy], batch: RolloutBatch, version: int) -> list[Rollout]:
+def absorb(
+    policies: list[Policy], batch: RolloutBatch, version: int, max_lag: int = 0
+) -> list[Rollout]:
     """The learner's side of the contract: merge the batch's observation statistics into
     the policies' normalizers (exactly, count, mean and M2) and wrap its arrays as the
     rollouts the update trains on. The batch must come from the snapshot of ``version``
-    (synchronous collection)."""
-    if batch.version != version:
+    or, with asynchronous collection, one at most ``max_lag`` updates older."""
+    if not 0 <= version - batch.version <= max_lag:
         raise ValueError(
-            f"a rollout of policy version {batch.version} reached the learner at {version}"
+            f"a rollout of policy version {batch.version} reached the learner at {version} "
+            f"(max_version_lag {max_lag})"
         )
     rollouts = []
     for policy, group in zip(policies, batch.groups, strict=True):

@@ -22,6 +22,7 @@ Observation statistics are merged on the learner, so every runner acts on the sa
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from threadpoolctl import threadpool_limits
@@ -94,6 +95,12 @@ class RayRunners:
             self.actor_class = ray.remote(RunnerActor).options(**options)
             self.restarts = 0
             self.failures_in_a_row = 0
+            self.dropped = 0  # asynchronous batches too stale to train on
+            self.inflight: dict[int, tuple[Any, float]] = {}  # runner -> (task, started)
+            self.snapshot_ref: Any = None  # the newest snapshot in the object store
+            self.snapshot_version = -1
+            self.busy_seconds = 0.0
+            self.metrics_since = time.monotonic()
             self.replaced = [0] * config.runners  # replacements of each runner
             self.actors = [self._start(i) for i in range(config.runners)]
             self.groups: list[AgentGroup] = ray.get(self.actors[0].groups.remote())
@@ -124,37 +131,88 @@ class RayRunners:
         self.actors[index] = self._start(index)
 
     def collect(self, snapshot: PolicySnapshot, train: bool = True) -> RolloutBatch:
-        ray = self.ray
-        from ray.exceptions import RayActorError, RayTaskError
-
-        ref = ray.put(snapshot)  # once per iteration, read by every runner
-        pending = {i: actor.collect.remote(ref, train) for i, actor in enumerate(self.actors)}
+        """Synchronous: every runner's rollout of this snapshot, joined. Asynchronous
+        (``config.async_collection``): the next batch any runner finishes, of a version no
+        more than ``max_version_lag`` behind this snapshot's."""
+        if self.config.async_collection:
+            return self._next_batch(snapshot, train)
+        ref = self.ray.put(snapshot)  # once per iteration, read by every runner
+        for i in range(len(self.actors)):
+            self._submit(i, ref, train)
         batches: dict[int, RolloutBatch] = {}
-        while pending:
-            index_of = {ref_: i for i, ref_ in pending.items()}
-            ready, late = ray.wait(
-                list(pending.values()),
-                num_returns=len(pending),
-                timeout=self.config.runner_timeout,
-            )
-            for done in ready:
-                i = index_of[done]
-                try:
-                    batches[i] = ray.get(done)
-                    del pending[i]
-                except RayTaskError as error:  # the env or collector raised: not a lost runner
-                    raise error.as_instanceof_cause() from None
-                except RayActorError as error:
-                    self._replace(i, f"its process exited: {type(error).__name__}")
-                    pending[i] = self.actors[i].collect.remote(ref, train)
-            for waited in late:
-                i = index_of[waited]
-                self._replace(
-                    i, f"no rollout within runner_timeout = {self.config.runner_timeout} s"
-                )
-                pending[i] = self.actors[i].collect.remote(ref, train)
+        while self.inflight:
+            for i, batch in self._wait(ref, train, every=True):
+                batches[i] = batch
         self.failures_in_a_row = 0
+        self._account(batches.values())
         return join([batches[i] for i in range(len(self.actors))])
+
+    def _next_batch(self, snapshot: PolicySnapshot, train: bool) -> RolloutBatch:
+        if self.snapshot_ref is None or self.snapshot_version != snapshot.version:
+            self.snapshot_ref = self.ray.put(snapshot)
+            self.snapshot_version = snapshot.version
+        ref = self.snapshot_ref
+        for i in range(len(self.actors)):
+            if i not in self.inflight:  # idle: start it on the newest snapshot
+                self._submit(i, ref, train)
+        while True:
+            for i, batch in self._wait(ref, train, every=False):
+                self._submit(i, ref, train)  # at once: it collects while the learner updates
+                self.failures_in_a_row = 0
+                self._account([batch])
+                if snapshot.version - batch.version > self.config.max_version_lag:
+                    self.dropped += 1  # too stale to train on (RelayRL's max_version_lag)
+                    continue
+                return batch
+
+    def _submit(self, index: int, ref: Any, train: bool) -> None:
+        self.inflight[index] = (self.actors[index].collect.remote(ref, train), time.monotonic())
+
+    def _wait(self, ref: Any, train: bool, every: bool) -> list[tuple[int, RolloutBatch]]:
+        """Wait for the runners in flight (all of them, or the first one); the batches that
+        came, by runner. Lost runners are replaced and restarted on ``ref``."""
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+        ray, timeout = self.ray, self.config.runner_timeout
+        index_of = {task: i for i, (task, _) in self.inflight.items()}
+        oldest = min(started for _, started in self.inflight.values())
+        wait_for = max(0.0, oldest + timeout - time.monotonic())
+        ready, _ = ray.wait(
+            list(index_of), num_returns=len(index_of) if every else 1, timeout=wait_for
+        )
+        came = []
+        for task in ready:
+            i = index_of[task]
+            del self.inflight[i]
+            try:
+                came.append((i, ray.get(task)))
+            except RayTaskError as error:  # the env or collector raised: not a lost runner
+                raise error.as_instanceof_cause() from None
+            except (RayActorError, GetTimeoutError) as error:
+                self._replace(i, f"its process exited ({type(error).__name__})")
+                self._submit(i, ref, train)
+        now = time.monotonic()
+        for i, (_, started) in list(self.inflight.items()):
+            if now - started >= timeout:
+                self._replace(i, f"no rollout within runner_timeout = {timeout} s")
+                self._submit(i, ref, train)
+        return came
+
+    def _account(self, batches: Any) -> None:
+        self.busy_seconds += sum(b.seconds for b in batches)
+
+    def metrics(self) -> dict[str, float]:
+        """Restarts and dropped batches so far; the runners' idle fraction since the last
+        call (1 - time spent collecting / (runners x wall time))."""
+        now = time.monotonic()
+        span = max(now - self.metrics_since, 1e-9) * len(self.actors)
+        idle = max(0.0, 1.0 - self.busy_seconds / span)
+        self.metrics_since, self.busy_seconds = now, 0.0
+        return {
+            "runner_restarts": float(self.restarts),
+            "dropped_rollouts": float(self.dropped),
+            "runner_idle": idle,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         states = self.ray.get([actor.state_dict.remote() for actor in self.actors])
