@@ -80,7 +80,10 @@ def component(process: psutil.Process) -> str:
     name = process.name()
     if name.startswith("ray::"):
         title = name.removeprefix("ray::").strip()
-        return title if title == "RuntimeEnvAgent" else f"worker {title}"
+        return title if title.endswith("Agent") else f"worker {title}"
+    if name.startswith("python"):  # Ray's Python services (with ray[default]: dashboard.py)
+        scripts = [Path(part).name for part in process.cmdline() if part.endswith(".py")]
+        return scripts[0] if scripts else name
     return name
 
 
