@@ -11,9 +11,11 @@ drifting context that the observation carries along. Reward 1 per step while the
 stays within [-1, 1]; the episode terminates when it leaves, and is truncated at 200
 steps by the registered time limit.
 
-Registered with Gymnasium as ``Sleep-v0`` when this module is imported; from the repo
-root, ``gymnasium.make("benchmarks.sleep_env:Sleep-v0")`` imports and makes it in one call
-(what Ray workers need: they import the module themselves).
+Registered with Gymnasium as ``Sleep-v0`` when this module is imported. From the repo
+root, both libraries build the same env (with its time limit) from a string, importing
+this module themselves, as Ray workers need: RLlib with
+``gymnasium.make("benchmarks.sleep_env:Sleep-v0")``, trustrl with the entry point
+``benchmarks.sleep_env:make`` (``trustrl train benchmarks.sleep_env:make ...``).
 """
 
 from __future__ import annotations
@@ -64,3 +66,8 @@ class SleepEnv(gym.Env[np.ndarray, np.int64]):
 
 if ENV_ID not in gym.registry:
     gym.register(ENV_ID, entry_point=SleepEnv, max_episode_steps=MAX_EPISODE_STEPS)
+
+
+def make(**kwargs: Any) -> gym.Env:
+    """The registered env (time limit included): trustrl's entry point for it."""
+    return gym.make(ENV_ID, **kwargs)

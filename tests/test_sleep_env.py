@@ -7,7 +7,7 @@ import time
 import gymnasium as gym
 import numpy as np
 
-from benchmarks.sleep_env import ENV_ID, MAX_EPISODE_STEPS, SleepEnv
+from benchmarks.sleep_env import ENV_ID, MAX_EPISODE_STEPS, SleepEnv, make
 
 
 def rollout(env: gym.Env, seed: int, steps: int) -> list[np.ndarray]:
@@ -32,9 +32,9 @@ def test_same_seed_same_episode_and_spaces_hold():
 
 
 def test_registered_with_a_time_limit():
-    env = gym.make(f"benchmarks.sleep_env:{ENV_ID}", step_time=0.0)
-    assert env.spec is not None and env.spec.max_episode_steps == MAX_EPISODE_STEPS
-    assert isinstance(env.action_space, gym.spaces.Discrete) and env.action_space.n == 2
+    for env in (gym.make(f"benchmarks.sleep_env:{ENV_ID}", step_time=0.0), make(step_time=0.0)):
+        assert env.spec is not None and env.spec.max_episode_steps == MAX_EPISODE_STEPS
+        assert isinstance(env.action_space, gym.spaces.Discrete) and env.action_space.n == 2
 
 
 def test_step_takes_wall_time_not_cpu():
