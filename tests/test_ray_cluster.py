@@ -7,8 +7,9 @@ with the settings of ``trustrl.distributed.cluster`` none listens elsewhere in R
 Token authentication is checked by being refused: the runtime-env agent's HTTP endpoint
 without a token, and a driver with a wrong token at the GCS.
 
-The socket table is printed (``-s``, or ``-p no:xdist``, shows it). The tests of this module
-share one xdist group (``--dist loadgroup`` in scripts/test), so no two Ray instances run
+The socket tables are printed past pytest's capture; xdist workers' output is not shown,
+so run ``pytest -p no:xdist tests/test_ray_cluster.py`` to see them. The tests share one
+xdist group (``--dist loadgroup`` in scripts/test), so no two Ray instances run
 at once and this worker's first ``import ray`` is trustrl's.
 """
 
@@ -25,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,11 +119,24 @@ def listeners(processes: dict[int, psutil.Process]) -> list[tuple[str, int, str,
     return rows
 
 
-def print_table(title: str, rows: list[tuple[str, int, str, str, int]], capsys: Any) -> None:
+@pytest.fixture
+def show(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Print past pytest's capture, as ``capsys.disabled()`` does, without the capsys
+    fixture: that one swaps sys.stderr for a stream closed after the test, which Ray's log
+    handler (made at Ray's first log line) would keep writing to."""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+
+    def write(text: str) -> None:
+        with capture.global_and_fixture_disabled():
+            print(text, flush=True)
+
+    return write
+
+
+def table(title: str, rows: list[tuple[str, int, str, str, int]]) -> str:
     lines = [title, f"{'component':<24} {'pid':>7}  {'proto':<5} {'address':<18} port"]
     lines += [f"{c:<24} {pid:>7}  {proto:<5} {ip:<18} {port}" for c, pid, proto, ip, port in rows]
-    with capsys.disabled():
-        print("\n" + "\n".join(lines))
+    return "\n" + "\n".join(lines)
 
 
 def assert_all_loopback(rows: list[tuple[str, int, str, str, int]]) -> None:
@@ -188,7 +202,7 @@ def unauthenticated_env(**extra: str) -> dict[str, str]:
     return {**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **extra}
 
 
-def test_local_instance_listens_on_loopback_only_and_requires_a_token(capsys):
+def test_local_instance_listens_on_loopback_only_and_requires_a_token(show):
     import urllib.error
     import urllib.request
 
@@ -206,7 +220,7 @@ def test_local_instance_listens_on_loopback_only_and_requires_a_token(capsys):
         session_dir = _node_session_dir(ray)
         processes = ray_processes(session_dir)
         rows = listeners(processes)
-        print_table(f"Ray 2.60 local instance (started in {startup_s:.1f} s)", rows, capsys)
+        show(table(f"Ray 2.60 local instance (started in {startup_s:.1f} s)", rows))
         names = {row[0] for row in rows}
         assert {"driver (this test)", "gcs_server", "raylet", "RuntimeEnvAgent"} <= names
         assert any(name.startswith("worker ") for name in names)
@@ -269,7 +283,7 @@ def test_stale_cluster_record_does_not_make_startup_attach(monkeypatch, private_
     assert_gone(processes, session_dir)
 
 
-def test_two_nodes_on_one_machine_host_one_actor_each(capsys, monkeypatch, private_ray_tmpdir):
+def test_two_nodes_on_one_machine_host_one_actor_each(show, monkeypatch, private_ray_tmpdir):
     """``ray.cluster_utils.Cluster``: a head and a second node, both on loopback, an actor
     pinned to each by ``create_actors``'s node placement and one placed by a custom
     resource; everything stopped afterwards. (Cluster writes ``ray_current_cluster``: in
@@ -309,7 +323,7 @@ def test_two_nodes_on_one_machine_host_one_actor_each(capsys, monkeypatch, priva
             session_dir = _node_session_dir(ray)
             processes = ray_processes(session_dir)
             rows = listeners(processes)
-            print_table("Ray 2.60 two-node cluster on one machine", rows, capsys)
+            show(table("Ray 2.60 two-node cluster on one machine", rows))
             assert sum(row[0] == "raylet" for row in rows) >= 2
             assert_all_loopback(rows)
         assert not ray.is_initialized()
