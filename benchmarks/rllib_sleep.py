@@ -8,9 +8,11 @@ Runs in its own environment, never trustrl's (RLlib is not a trustrl dependency)
 
 Each runner count runs in a fresh process (this script with ``--one K``), so its start-up
 is measured from process start: ``startup_s`` is the time from the child's start to a
-built ``Algorithm`` (Ray started, env runners up). Env steps per second are taken over
-the iterations after the first (which pays for warm-up), from RLlib's own sampled-steps
-counter and the wall clock: sampling and the update both count, as they do for trustrl.
+built ``Algorithm`` (Ray started, env runners up); ``imported_s`` and ``ray_started_s``
+are the times to the end of the imports and of ``ray.init`` within it. Env steps per
+second are taken over the iterations after the first (which pays for warm-up), from
+RLlib's own sampled-steps counter and the wall clock: sampling and the update both
+count, as they do for trustrl.
 
 The Ray instance is started as trustrl starts its own (loopback only, token
 authentication, no dashboard), so both sides pay for the same Ray. The env sleeps
@@ -42,18 +44,23 @@ def run_one(args: argparse.Namespace, runners: int, started: float) -> dict[str,
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ.setdefault("RAY_AUTH_MODE", "token")
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    # The env runners import benchmarks.sleep_env themselves: the repo on their path,
+    # inherited from this process through the raylet (a runtime_env would cost start-up).
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")])
+    )
     import ray
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
+    imported_s = time.time() - started
     ray.init(
         address="local",
         num_cpus=runners + 1,
         include_dashboard=False,
         log_to_driver=False,
-        # The env runners import benchmarks.sleep_env themselves.
-        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
     )
+    ray_started_s = time.time() - started
     fragment = args.num_steps
     config = (
         PPOConfig()
@@ -92,6 +99,8 @@ def run_one(args: argparse.Namespace, runners: int, started: float) -> dict[str,
         "envs_per_runner": args.envs_per_runner,
         "iterations": args.iterations,
         "startup_s": round(startup_s, 2),
+        "imported_s": round(imported_s, 2),  # of startup_s: Python, RLlib and torch imported
+        "ray_started_s": round(ray_started_s, 2),  # ... and the Ray instance started
         "env_steps": s1,
         "sps": round((s1 - s0) / (t1 - t0), 1) if t1 > t0 else None,
     }
