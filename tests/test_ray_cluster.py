@@ -227,11 +227,12 @@ def test_local_instance_listens_on_loopback_only_and_requires_a_token(show):
         assert_all_loopback(rows)
 
         node = ray.nodes()[0]
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy
         agent = f"http://127.0.0.1:{node['RuntimeEnvAgentPort']}/get_runtime_envs_info"
         for headers, status in (({}, 401), ({"Authorization": "Bearer " + "0" * 32}, 403)):
             request = urllib.request.Request(agent, data=b"", method="POST", headers=headers)
             with pytest.raises(urllib.error.HTTPError) as refused:
-                urllib.request.urlopen(request, timeout=10)
+                direct.open(request, timeout=10)
             assert refused.value.code == status
         wrong_token = secrets.token_hex(16)
         assert refused_by_gcs(

@@ -28,7 +28,6 @@ How the loopback binding is obtained in Ray 2.60 (read from its source, measured
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import urllib.error
@@ -45,8 +44,6 @@ LOOPBACK = "127.0.0.1"
 # loopback node IP with the machine's outward address (see the module docstring).
 _SINGLE_MACHINE_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 _AUTH_MODE = "RAY_AUTH_MODE"
-
-logger = logging.getLogger(__name__)
 
 
 class RayUnavailableError(ImportError):
@@ -301,7 +298,7 @@ def _check_token_required(host: str, port: int) -> None:
         f"http://{host}:{port}/get_runtime_envs_info", data=b"", method="POST"
     )
     try:
-        with urllib.request.urlopen(request, timeout=10):
+        with _direct_opener().open(request, timeout=10):
             pass
     except urllib.error.HTTPError as error:
         if error.code == 401:
@@ -314,6 +311,12 @@ def _check_token_required(host: str, port: int) -> None:
         f"Ray's runtime-env agent at {host}:{port} accepted a request without a token: "
         "token authentication is off"
     )
+
+
+def _direct_opener() -> urllib.request.OpenerDirector:
+    """An opener that ignores http_proxy and friends: a loopback request must not be
+    handed to a proxy."""
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def create_actors(
