@@ -70,6 +70,9 @@ class Probe:
 
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
+    def getenv(self, name: str) -> str | None:
+        return os.environ.get(name)
+
 
 def is_loopback(ip: str) -> bool:
     return ip.startswith("127.") or ip == "::1" or ip.startswith("::ffff:127.")
@@ -207,7 +210,7 @@ def test_local_instance_listens_on_loopback_only_and_requires_a_token(show):
     import urllib.request
 
     started = time.perf_counter()
-    with RayCluster(num_cpus=2) as cluster:
+    with RayCluster(num_cpus=2, env_vars={"TRUSTRL_RAY_PROBE": "reached"}) as cluster:
         startup_s = time.perf_counter() - started
         ray = import_ray()
         assert cluster.started_instance
@@ -217,6 +220,7 @@ def test_local_instance_listens_on_loopback_only_and_requires_a_token(show):
         # Two actors, so that worker processes (not only idle ones) are in the table.
         probes = create_actors(Probe, [(), ()], num_cpus=0.5)
         ray.get([probe.where.remote() for probe in probes], timeout=60)
+        assert ray.get(probes[0].getenv.remote("TRUSTRL_RAY_PROBE"), timeout=60) == "reached"
         session_dir = _node_session_dir(ray)
         processes = ray_processes(session_dir)
         rows = listeners(processes)
@@ -328,6 +332,9 @@ def test_two_nodes_on_one_machine_host_one_actor_each(show, monkeypatch, private
             assert sum(row[0] == "raylet" for row in rows) >= 2
             assert_all_loopback(rows)
         assert not ray.is_initialized()
+        # Joined, not started: leaving it disconnected this process and stopped nothing.
+        services = {pid for name, pid, *_ in rows if name in ("gcs_server", "raylet")}
+        assert len(services) == 3 and all(_alive(processes[pid]) for pid in services)
     finally:
         cluster.shutdown()
     if session_dir:
