@@ -28,7 +28,6 @@ How the loopback binding is obtained in Ray 2.60 (read from its source, measured
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import urllib.error
@@ -45,8 +44,6 @@ LOOPBACK = "127.0.0.1"
 # loopback node IP with the machine's outward address (see the module docstring).
 _SINGLE_MACHINE_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 _AUTH_MODE = "RAY_AUTH_MODE"
-
-logger = logging.getLogger(__name__)
 
 
 class RayUnavailableError(ImportError):
@@ -240,24 +237,38 @@ class RayCluster:
             _check_token_required(node["NodeManagerAddress"], node["RuntimeEnvAgentPort"])
 
     def _join(self, ray_address: str) -> None:
-        ray = _import_ray()
+        host = ray_address.removeprefix("ray://").rsplit(":", 1)[0]
+        # Token authentication by default here too (a mode the user set is kept): Ray reads
+        # the mode at import, and a driver without it is turned away by a cluster that
+        # asks for a token. The token itself comes from ~/.ray/auth_token or RAY_AUTH_TOKEN.
+        if "ray" not in sys.modules and _AUTH_MODE not in os.environ:
+            self._set_environ({_AUTH_MODE: "token"})
+        # A cluster on this machine's loopback is reached in single-machine mode, as it was
+        # started (docs/distributed.md); in multi-machine mode Ray would look for it at the
+        # machine's outward address, where it does not listen, and retry forever.
+        ray = import_ray(loopback=_is_loopback(host))
         if ray.is_initialized():
             # The user's own connection: use it, leave it connected at the end.
             self.address = ray.get_runtime_context().gcs_address
             self.node_ip_address = ray.util.get_node_ip_address()
             return
-        host = ray_address.removeprefix("ray://").rsplit(":", 1)[0]
         local_ip = ray.util.get_node_ip_address()
-        if _is_loopback(local_ip) and ray_address != "auto" and not _is_loopback(host):
+        if ray_address != "auto" and _is_loopback(local_ip) != _is_loopback(host):
             raise RuntimeError(
-                f"this process's Ray is in single-machine mode (node IP {local_ip}), so it "
-                f"cannot join the cluster at {ray_address}; use a fresh process, without "
-                f"{_SINGLE_MACHINE_SWITCH}=0"
+                f"cannot join the cluster at {ray_address} from this process: its Ray was "
+                f"imported in {'single' if _is_loopback(local_ip) else 'multi'}-machine mode "
+                f"(node IP {local_ip}), which reaches only "
+                f"{'loopback' if _is_loopback(local_ip) else 'outward'} addresses; use a fresh "
+                f"process ({_SINGLE_MACHINE_SWITCH}=0 is set for a loopback cluster, at import)"
             )
-        context = ray.init(
-            address=ray_address,
-            runtime_env={"env_vars": self.env_vars} if self.env_vars else None,
-        )
+        try:
+            context = ray.init(
+                address=ray_address,
+                runtime_env={"env_vars": self.env_vars} if self.env_vars else None,
+            )
+        except BaseException:
+            self._restore_environ()
+            raise
         self._connected = True
         self.address = context.address_info.get("gcs_address") or ray_address
         self.node_ip_address = context.address_info.get("node_ip_address")
@@ -287,7 +298,7 @@ def _check_token_required(host: str, port: int) -> None:
         f"http://{host}:{port}/get_runtime_envs_info", data=b"", method="POST"
     )
     try:
-        with urllib.request.urlopen(request, timeout=10):
+        with _direct_opener().open(request, timeout=10):
             pass
     except urllib.error.HTTPError as error:
         if error.code == 401:
@@ -300,6 +311,12 @@ def _check_token_required(host: str, port: int) -> None:
         f"Ray's runtime-env agent at {host}:{port} accepted a request without a token: "
         "token authentication is off"
     )
+
+
+def _direct_opener() -> urllib.request.OpenerDirector:
+    """An opener that ignores http_proxy and friends: a loopback request must not be
+    handed to a proxy."""
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def create_actors(
