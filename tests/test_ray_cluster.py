@@ -339,3 +339,23 @@ def test_two_nodes_on_one_machine_host_one_actor_each(show, monkeypatch, private
         cluster.shutdown()
     if session_dir:
         assert_gone(processes, session_dir)
+
+
+def test_ray_imported_in_multi_machine_mode_is_refused_before_anything_starts():
+    """A program that imported ray itself, before trustrl, would get an instance listening
+    on every interface: RayCluster says so and starts nothing."""
+    code = (
+        "import ray\n"
+        "from trustrl.distributed import RayCluster\n"
+        "try:\n"
+        "    RayCluster(num_cpus=1).start()\n"
+        "except RuntimeError as error:\n"
+        "    print('REFUSED', error)\n"
+        "print('INITIALIZED', ray.is_initialized())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert "REFUSED Ray was imported in multi-machine mode" in done.stdout, done.stderr[-2000:]
+    assert "INITIALIZED False" in done.stdout
