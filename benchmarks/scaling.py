@@ -132,7 +132,10 @@ def _job(
 
 def run(job: dict[str, Any], folder: Path) -> dict[str, Any]:
     spec = {**job, "run_dir": str(folder / job["label"].replace(" ", "_"))}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     done = subprocess.run(
         [sys.executable, __file__, "--worker", json.dumps(spec)],
         capture_output=True,
@@ -161,8 +164,8 @@ def report(results: list[dict[str, Any]], peers: list[dict[str, Any]], commit: s
     lines = [
         "# Runner scaling on Ray",
         "",
-        f"`benchmarks/scaling.py` at commit `{commit}`, {platform.processor() or platform.machine()},"
-        f" {os.cpu_count()} CPUs, one process per configuration (start-up from process start).",
+        f"`benchmarks/scaling.py` at commit `{commit}`, {platform.machine()}, "
+        f"{os.cpu_count()} CPUs, one process per configuration (start-up from process start).",
         "",
     ]
     sleep = [r for r in results if r["case"] == "sleep"]
@@ -186,7 +189,8 @@ def report(results: list[dict[str, Any]], peers: list[dict[str, Any]], commit: s
     if peers:
         base = next((p["sps"] for p in peers if p["runners"] == 1), None)
         lines += [
-            "RLlib 2.60 PPO, the same env and settings (`benchmarks/rllib_sleep.py`), same sitting:",
+            "RLlib 2.60 PPO, the same env and settings (`benchmarks/rllib_sleep.py`), same "
+            "sitting:",
             "",
             "| env runners | env steps/s | efficiency | start-up to built algorithm (s) |",
             "| --- | --- | --- | --- |",
@@ -251,7 +255,9 @@ def main() -> None:
     peers = rllib(args.rllib, args.runners) if args.rllib else []
     text = report(results, peers, commit)
     args.out.write_text(text + "\n")
-    args.out.with_suffix(".json").write_text(json.dumps({"trustrl": results, "rllib": peers}, indent=1))
+    args.out.with_suffix(".json").write_text(
+        json.dumps({"trustrl": results, "rllib": peers}, indent=1)
+    )
     print(text)
 
 

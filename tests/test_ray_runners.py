@@ -27,7 +27,7 @@ pytestmark = [
 
 TEST_TIME_LIMIT_S = 150
 STEPS = 32  # per env and iteration
-CLOCKS = ("sps", "wall_time")
+CLOCKS = ("sps", "wall_time", "learner_busy", "runner_idle")  # measured time
 
 
 @pytest.fixture(autouse=True)
@@ -167,3 +167,41 @@ def test_asynchronous_collection_trains_on_fresh_batches_and_drops_stale_ones(
     Trainer(config(3, async_collection=True, max_version_lag=1), tmp_path / "lag1").train()
     rows = progress(tmp_path / "lag1")
     assert len(rows) == 6 and max(float(r["version_lag_max"]) for r in rows) <= 1.0
+
+
+def test_runners_are_spread_over_the_nodes_of_a_two_node_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ray.cluster_utils.Cluster`` with a head and a second node on this machine: a run
+    joining it (``ray_address``) places its two runners on both nodes and trains."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    from trustrl.distributed.cluster import import_ray
+
+    ray_tmp = Path(tempfile.mkdtemp(prefix="trl", dir="/tmp"))  # short: socket paths
+    monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp))
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    ray = import_ray(loopback=True)
+    from ray.cluster_utils import Cluster
+
+    ray_cli = Path(sys.executable).with_name("ray")
+    subprocess.run([str(ray_cli), "get-auth-token", "--generate"], check=True, capture_output=True)
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+    )
+    try:
+        cluster.add_node(num_cpus=1)
+        trainer = Trainer(config(2, ray_address=cluster.address), tmp_path)
+        runners: Any = trainer.collector
+        placed = runners.node_ids()
+        nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+        trainer.train()
+        assert len(set(placed)) == 2 and set(placed) == nodes, (placed, nodes)
+        assert [float(r["env_steps"]) for r in progress(tmp_path)] == [128.0, 256.0]
+    finally:
+        cluster.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)

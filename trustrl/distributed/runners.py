@@ -80,19 +80,24 @@ class RunnerActor:
 class RayRunners:
     """``config.runners`` runner actors with ``config.runner_envs`` envs each."""
 
-    def __init__(self, config: Config, spread: bool = True) -> None:
+    def __init__(self, config: Config) -> None:
         self.config = config
         self.cluster = RayCluster(config.ray_address)
         self.cluster.start()
         try:
             ray = import_ray()
             self.ray = ray
-            # Spread over the nodes; no restarts by Ray itself: a replacement gets a
-            # new seed and the current snapshot from here.
-            options: dict[str, Any] = {"max_restarts": 0}
-            if spread:
-                options["scheduling_strategy"] = "SPREAD"
-            self.actor_class = ray.remote(RunnerActor).options(**options)
+            # No restarts by Ray itself: a replacement gets a new seed and the current
+            # snapshot from here.
+            self.actor_class = ray.remote(max_restarts=0)(RunnerActor)
+            # Runner i on node i mod n (of the nodes with CPUs, in a fixed order), softly:
+            # a node that went away leaves the choice to Ray. Ray's SPREAD strategy is a
+            # preference that left both runners of a two-node test on one node.
+            self.nodes = sorted(
+                node["NodeID"]
+                for node in ray.nodes()
+                if node["Alive"] and node["Resources"].get("CPU", 0) > 0
+            )
             self.restarts = 0
             self.failures_in_a_row = 0
             self.dropped = 0  # asynchronous batches too stale to train on
@@ -113,8 +118,12 @@ class RayRunners:
         return self.config.seed + SEED_STRIDE * index + REPLACEMENT_STRIDE * self.replaced[index]
 
     def _start(self, index: int) -> Any:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         name = f"runner-{index}"
-        return self.actor_class.remote(
+        node = self.nodes[index % len(self.nodes)]
+        strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=True)
+        return self.actor_class.options(scheduling_strategy=strategy).remote(
             self.config, self._seed(index), self.config.runner_envs, name
         )
 
