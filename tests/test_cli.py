@@ -87,9 +87,17 @@ def test_train_prints_the_evaluation_and_run_folder(tmp_path: Path, capsys) -> N
     run_dir = tmp_path / "run"
     code, out, err = run_cli(["train", "CartPole-v1", *TINY, "--run-dir", str(run_dir)], capsys)
     assert code == 0, err
-    assert "evaluation over 1 episodes (deterministic)" in out
-    assert out.rstrip().endswith(f"run folder: {run_dir}")
     assert "Traceback" not in err
+    # The end summary: the run folder, the evaluation, the commands to look at the run.
+    assert out.rstrip().endswith(
+        f"run folder: {run_dir}\n"
+        "evaluation over 1 episodes (deterministic): "
+        + out.split("evaluation over 1 episodes (deterministic): ")[-1].split("\n")[0]
+        + "\nlook at it:\n"
+        f"  tensorboard --logdir {run_dir / 'tensorboard'}\n"
+        f"  trustrl eval {run_dir}\n"
+        f"  trustrl export {run_dir}"
+    )
 
 
 def test_config_file_between_preset_and_flags(tmp_path: Path, capsys) -> None:

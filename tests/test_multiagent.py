@@ -176,9 +176,9 @@ def test_truncation_bootstraps_termination_does_not() -> None:
     def value_of(obs: list[float], agent: int) -> float:
         with torch.no_grad():
             return float(
-                policy.value(torch.tensor([obs], dtype=torch.float32), None, torch.tensor([agent]))[
-                    0
-                ]
+                policy.critic_value(
+                    torch.tensor([obs], dtype=torch.float32), None, torch.tensor([agent])
+                )[0]
             )
 
     # a0 truncated at t=1: the next row shows its final observation, whose value is the
@@ -432,7 +432,7 @@ def test_agent_id_is_appended_to_the_critic_input(per_agent: bool) -> None:
     one_hot = nn.functional.one_hot(agent, 3).float()
     with torch.no_grad():
         expected = policy.critic(torch.cat([critic_obs, one_hot], -1)).squeeze(-1)
-        torch.testing.assert_close(policy.value(obs, critic_obs, agent), expected)
+        torch.testing.assert_close(policy.critic_value(obs, critic_obs, agent), expected)
         if per_agent:  # the stacked actor tells agents apart by its weights, not an input
             assert policy.actor.layers[0].weight.shape[-1] == 4
         else:
@@ -659,7 +659,9 @@ def test_value_norm_predicts_standardized_returns() -> None:
     obs, agent = torch.randn(4, 4), torch.tensor([0, 1, 0, 1])
     with torch.no_grad():
         raw = policy.value_raw(obs, None, agent)
-        torch.testing.assert_close(policy.value(obs, None, agent), raw * math.sqrt(125.0) + 25.0)
+        torch.testing.assert_close(
+            policy.critic_value(obs, None, agent), raw * math.sqrt(125.0) + 25.0
+        )
 
 
 # Registering agents while training.
@@ -719,7 +721,7 @@ def test_register_agent_keeps_existing_agents_and_gives_the_new_one_an_actor(mod
     with torch.no_grad():
         before = (
             policy.dist_params(obs, None, old_agents),
-            policy.value(obs, critic_obs, old_agents),
+            policy.critic_value(obs, critic_obs, old_agents),
         )
     moments = {
         id(p): {k: v.clone() for k, v in update.optimizers[key].state[p].items()}
@@ -735,7 +737,10 @@ def test_register_agent_keeps_existing_agents_and_gives_the_new_one_an_actor(mod
     assert policy.num_agents == 3
     assert grown, "register_agent grew nothing"
     with torch.no_grad():
-        after = policy.dist_params(obs, None, old_agents), policy.value(obs, critic_obs, old_agents)
+        after = (
+            policy.dist_params(obs, None, old_agents),
+            policy.critic_value(obs, critic_obs, old_agents),
+        )
         new = torch.full((8,), 2)
         params = policy.dist_params(obs, None, new)
     # Equal to float32 rounding, not bit for bit: the stacked layer's one matmul now has

@@ -19,7 +19,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from trustrl.envs import GroupObs, GymRows, RowEnv
+from trustrl.envs import EnvState, GroupObs, GymRows, RowEnv
 from trustrl.inference import Inference
 from trustrl.normalize import RunningMeanStd
 from trustrl.policy import Policy
@@ -371,7 +371,7 @@ class Collector:
             "lanes": [lane.state_dict() for lane in self.lanes],
         }
 
-    def load_state_dict(self, state: dict[str, Any], env_state: bytes | None = None) -> None:
+    def load_state_dict(self, state: dict[str, Any], env_state: EnvState = None) -> None:
         """Restore the acting side. With ``env_state`` (captured mid-episode), the episodes
         in flight continue exactly; without, the envs keep their fresh episodes."""
         self.rng.bit_generator.state = state["rng"]
@@ -383,8 +383,8 @@ class Collector:
         for lane, lane_state in zip(self.lanes, state["lanes"], strict=True):
             lane.load_state_dict(lane_state)
 
-    def capture(self) -> bytes | None:
-        """The environments' state for exact resume (None where it cannot be captured)."""
+    def capture(self) -> EnvState:
+        """The environments' state for exact resume (see envs.EnvState)."""
         return self.rows.capture()
 
     def close(self) -> None:

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from trustrl.config import ConfigError
-from trustrl.envs import AgentGroup, GroupObs, GroupStep, is_entry_point
+from trustrl.envs import AgentGroup, GroupObs, GroupStep, check_finite, is_entry_point
 from trustrl.policy import Policy
 from trustrl.spaces import SpaceSpec
 
@@ -122,8 +122,11 @@ class ParallelRows:
         factory: Callable[[], Any],
         num_envs: int,
         critic_input: str = "global",
+        name: str = "the env",
     ) -> None:
         self.factory = factory
+        self.name = name
+        self.env_steps = 0  # steps since the envs were built, for messages
         self.num_envs = num_envs
         self.critic_input = critic_input
         self.envs = [factory() for _ in range(num_envs)]
@@ -233,7 +236,9 @@ class ParallelRows:
             self._allocate()
         for e, env in enumerate(self.envs):
             self._reset_env(e, env, seed + e)
-        return self._observed()
+        observed = self._observed()
+        check_finite(self.name, observed, None, self.env_steps, self.groups)
+        return observed
 
     def _reset_env(self, e: int, env: Any, seed: int | None) -> None:
         observations, infos = env.reset(seed=seed)
@@ -279,7 +284,10 @@ class ParallelRows:
                     np.stack([truncated[a] for a in members], 1).reshape(-1),
                 )
             )
-        return self._observed(), steps
+        self.env_steps += 1
+        observed = self._observed()
+        check_finite(self.name, observed, steps, self.env_steps, self.groups)
+        return observed, steps
 
     def capture(self) -> bytes | None:
         from gymnasium.utils import EzPickle
@@ -295,8 +303,11 @@ class ParallelRows:
         except Exception:  # any failure to serialize means "not capturable"
             return None
 
-    def restore(self, data: bytes) -> None:
-        """Inverse of capture. Unpickles: call only on data whose digest was checked."""
+    def restore(self, data: dict[str, Any] | bytes) -> None:
+        """Inverse of capture. Unpickles: only for a run folder the user said to trust
+        (``--trust-env-state``)."""
+        if not isinstance(data, bytes):
+            raise ValueError("PettingZoo envs have no array state to restore")
         self.close()
         self.__dict__.update(pickle.loads(data))
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import gymnasium as gym
 import numpy as np
 
-from trustrl.envs import env_factory
+from trustrl.config import ConfigError
+from trustrl.envs import env_factory, env_kwargs_errors
 from trustrl.inference import Inference
 from trustrl.policy import Policy
+from trustrl.spaces import SpaceSpec
 
 if TYPE_CHECKING:
     from trustrl.multiagent import MultiAgentPolicy
@@ -65,8 +68,10 @@ def evaluate(
     returns: list[float] = [0.0] * episodes
     lengths: list[int] = [0] * episodes
     make = env_factory(env_id, env_kwargs)
-    envs = [make() for _ in range(min(episodes, PARALLEL))]
+    with env_kwargs_errors(env_id, dict(env_kwargs or {})):
+        envs = [make() for _ in range(min(episodes, PARALLEL))]
     try:
+        check_spaces(policy.spec, envs[0], env_id)
         for first in range(0, episodes, PARALLEL):
             running = list(range(first, min(first + PARALLEL, episodes)))
             slots = dict(zip(running, envs, strict=False))
@@ -91,6 +96,18 @@ def evaluate(
 
 
 PARALLEL = 16  # episodes evaluated at once
+
+
+def check_spaces(spec: SpaceSpec, env: gym.Env, env_id: str) -> None:
+    """Refuse an env whose spaces the policy was not trained for, naming both."""
+    try:
+        env_spec = SpaceSpec.from_spaces(env.observation_space, env.action_space)
+    except ConfigError as exc:
+        raise ValueError(f"{env_id}: {exc}") from None
+    if not spec.compatible(env_spec):
+        raise ValueError(
+            f"this policy was trained for {spec.summary()}; {env_id} has {env_spec.summary()}"
+        )
 
 
 class _Actor:

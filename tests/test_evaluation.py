@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trustrl.config import PolicyConfig
-from trustrl.evaluate import PARALLEL, evaluate
+from trustrl.evaluation import PARALLEL, evaluate
 from trustrl.policy import Policy
 from trustrl.spaces import SpaceSpec
 
