@@ -446,6 +446,7 @@ class Trainer:
         return self.policy
 
     def _last_checkpoint_note(self) -> str:
+        self.checkpoint_writer.wait()  # the one in flight counts, once it is on disk
         checkpoints = self.run_dir / "checkpoints"
         latest = checkpoints / "latest"
         if latest.is_file():
