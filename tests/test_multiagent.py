@@ -628,7 +628,7 @@ def test_progress_and_tensorboard_have_per_agent_returns(tmp_path: Path) -> None
 
 def test_evaluate_parallel_mpe(tmp_path: Path) -> None:
     t = trainer(SPREAD, tmp_path)
-    returns, lengths = evaluate_parallel(t.policy, SPREAD, 2, seed=3)
+    returns, lengths, _ = evaluate_parallel(t.policy, SPREAD, 2, seed=3)
     t.collector.close()
     assert lengths == [25, 25]
     assert all(r < 0 for r in returns)
@@ -640,7 +640,7 @@ def test_evaluate_parallel_with_agents_finishing_early() -> None:
     [group] = rows.groups
     rows.close()
     policy = MultiAgentPolicy([group], [Policy(group.spec, SMALL, num_agents=3, per_agent=True)])
-    returns, lengths = evaluate_parallel(policy, SCRIPTED, 2)
+    returns, lengths, _ = evaluate_parallel(policy, SCRIPTED, 2)
     per_agent = [
         sum(scripted_reward(i, 0, k) for k in range(1, n + 1)) for i, n in enumerate(LENGTHS)
     ]
@@ -822,7 +822,8 @@ def test_simple_spread_preset_has_the_seed_kernels_settings() -> None:
 
 @pytest.mark.parametrize("actor", ["shared", "per_agent"])
 def test_paused_and_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, actor: str) -> None:
-    """The coop env pickles, so its episodes in flight resume exactly."""
+    """The coop env pickles, so with its pickle trusted its episodes in flight resume
+    exactly."""
 
     def make(run_dir: Path, resume: bool = False) -> Trainer:
         config = config_from_dict(
@@ -835,11 +836,12 @@ def test_paused_and_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, acto
                 multiagent={"actor": actor, "value_norm": True},
             )
         )
-        return Trainer(config, resume=resume)
+        return Trainer(config, resume=resume, trust_env_state=resume)
 
     straight = make(tmp_path / "a").train()
     make(tmp_path / "b").train(iterations=2)
-    resumed_trainer = make(tmp_path / "b", resume=True)
+    with pytest.warns(UserWarning, match="--trust-env-state"):
+        resumed_trainer = make(tmp_path / "b", resume=True)
     assert resumed_trainer.envs_restored
     resumed = resumed_trainer.train()
     for name, value in straight.state_dict().items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import statistics
 import sys
 import warnings
 from collections.abc import Sequence
@@ -182,7 +183,12 @@ def cmd_eval(argv: list[str]) -> int:
         print(
             f"{config.env_id}: {result.mean_return:.2f} ± {result.std_return:.2f} over "
             f"{len(result.returns)} episodes ({folder})"
+            + (" (mean over agents)" if result.agents else "")
         )
+        for kind, table in (("group", result.groups), ("agent", result.agents)):
+            for name, returns in table.items():
+                mean, std = statistics.fmean(returns), statistics.pstdev(returns)
+                print(f"  {kind} {name}: {mean:.2f} ± {std:.2f}")
     return 0
 
 

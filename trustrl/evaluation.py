@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -20,8 +20,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class EvalResult:
+    """Episode returns and lengths; for multi-agent envs ``returns`` holds each episode's
+    mean over agents, and ``agents`` / ``groups`` each agent's own return and each group's
+    mean over its agents (in competitive envs the overall mean says little)."""
+
     returns: list[float]
     lengths: list[int]
+    agents: dict[str, list[float]] = field(default_factory=dict)
+    groups: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def mean_return(self) -> float:
@@ -32,13 +38,25 @@ class EvalResult:
         return float(np.std(self.returns))
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "mean_return": self.mean_return,
             "std_return": self.std_return,
             "episodes": len(self.returns),
             "mean_length": float(np.mean(self.lengths)),
             "returns": self.returns,
         }
+        for key, table in (("agents", self.agents), ("groups", self.groups)):
+            if table:
+                out[key] = {name: _summary(returns) for name, returns in table.items()}
+        return out
+
+
+def _summary(returns: list[float]) -> dict[str, Any]:
+    return {
+        "mean_return": float(np.mean(returns)),
+        "std_return": float(np.std(returns)),
+        "returns": returns,
+    }
 
 
 def evaluate(
@@ -55,10 +73,16 @@ def evaluate(
     from trustrl.multiagent import MultiAgentPolicy, evaluate_parallel
 
     if isinstance(policy, MultiAgentPolicy):
-        # The mean over agents of each agent's episode return, per episode.
-        return EvalResult(
-            *evaluate_parallel(policy, env_id, episodes, deterministic, seed, env_kwargs)
+        means, episode_lengths, agents = evaluate_parallel(
+            policy, env_id, episodes, deterministic, seed, env_kwargs
         )
+        groups = {
+            group.name: [
+                float(np.mean([agents[a][e] for a in group.agents])) for e in range(episodes)
+            ]
+            for group in policy.groups
+        }
+        return EvalResult(means, episode_lengths, agents, groups)
     # Up to PARALLEL episodes at a time, one env each, so the policy runs once per step
     # on a batch rather than once per env step; each episode keeps its own seed, so the
     # results are those of running the episodes one after another. The policy acts

@@ -383,10 +383,12 @@ def evaluate_parallel(
     deterministic: bool = True,
     seed: int = 0,
     env_kwargs: dict[str, Any] | None = None,
-) -> tuple[list[float], list[int]]:
-    """Per-episode mean over agents of each agent's episode return, and episode lengths."""
+) -> tuple[list[float], list[int], dict[str, list[float]]]:
+    """Per episode: the mean over agents of each agent's return, the episode length, and
+    each agent's own return (by agent name)."""
     env = parallel_env_factory(env_id, env_kwargs)()
     returns, lengths = [], []
+    per_agent: dict[str, list[float]] = {a: [] for a in env.possible_agents}
     try:
         for episode in range(episodes):
             observations, _ = env.reset(seed=seed + episode)
@@ -402,6 +404,8 @@ def evaluate_parallel(
                 length += 1
             returns.append(float(np.mean(list(totals.values()))))
             lengths.append(length)
+            for agent, total in totals.items():
+                per_agent[agent].append(total)
     finally:
         env.close()
-    return returns, lengths
+    return returns, lengths, per_agent
