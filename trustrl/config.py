@@ -401,7 +401,9 @@ class Config:
 
     @property
     def num_iterations(self) -> int:
-        return max(1, self.total_steps // self.batch_size)
+        """Whole iterations covering total_steps (rounded up: never fewer steps than asked;
+        the trainer says so and records the steps it runs)."""
+        return -(-self.total_steps // self.batch_size)
 
     def __post_init__(self) -> None:
         _check_types(self, "")
