@@ -365,7 +365,7 @@ class Config:
     """One training run."""
 
     env_id: str = "CartPole-v1"
-    """A registered Gymnasium id, package.module:callable returning a Gymnasium env or a PettingZoo env, or family:name for PettingZoo families such as mpe2:simple_spread_v3."""
+    """A registered Gymnasium id, package.module:callable returning a Gymnasium env or a PettingZoo env, or family:name for PettingZoo families such as mpe2:simple_spread_v3. On the command line: the positional ENV_ID (this flag may say the same, not another)."""
     algo: Algo = "ppo"
     """Algorithm; selects the update step."""
     seed: int = 1
@@ -375,7 +375,7 @@ class Config:
     run_dir: str | None = None
     """Run folder (default: runs/<env>__<algo>__<seed>__<time>)."""
     quiet: bool = False
-    """No progress bar."""
+    """Print nothing: no progress bar, no notes (warnings go through Python's warnings)."""
     torch_threads: int = 1
     """Torch intra-op threads. Small networks run fastest on one; results are reproducible for a given seed and thread count."""
     eval_episodes: int = 10
