@@ -302,9 +302,9 @@ class NonFiniteEnv(gym.Env):
     def _hit(self) -> bool:
         return self.steps >= self.at if self.every else self.steps == self.at
 
-    def _obs(self) -> np.ndarray:
+    def _obs(self, hit: bool) -> np.ndarray:
         obs = np.full(4, self.episode_step / 10, dtype=np.float32)
-        if self.where == "observation" and self._hit():
+        if self.where == "observation" and hit:
             obs[self.entry] = self.value
         return obs
 
@@ -313,10 +313,11 @@ class NonFiniteEnv(gym.Env):
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
         self.episode_step = 0
-        return self._obs(), {}
+        return self._obs(self.at == 0 and self.steps == 0), {}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         self.steps += 1
         self.episode_step += 1
-        reward = self.value if self.where == "reward" and self._hit() else float(action)
-        return self._obs(), reward, self.episode_step >= 10, False, {}
+        hit = self._hit()
+        reward = self.value if self.where == "reward" and hit else float(action)
+        return self._obs(hit), reward, self.episode_step >= 10, False, {}

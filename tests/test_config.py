@@ -48,6 +48,7 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("env.obs_clip", 0, ("env.obs_clip", "got 0"), {}),
     ("env.obs_clip", math.nan, ("env.obs_clip", "nan"), {}),
     ("env.reward_clip", -2.0, ("env.reward_clip", "-2.0"), {}),
+    ("env.nonfinite", "skip", ("env.nonfinite", "error, drop", '"skip"'), {}),
     ("rollout.num_steps", 0, ("rollout.num_steps", "got 0"), {}),
     ("rollout.gamma", 1.5, ("rollout.gamma", "1.5", "[0, 1]"), {}),
     ("rollout.gamma", -0.1, ("rollout.gamma", "-0.1"), {}),

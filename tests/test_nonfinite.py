@@ -144,3 +144,72 @@ def test_one_good_update_resets_the_count(tmp_path: Path, monkeypatch: pytest.Mo
     trainer = Trainer(config(tmp_path / "run", at=10**9))
     trainer.train()
     assert trainer.outcome == "finished"
+
+
+# env.nonfinite = "drop": the episode ends where the value appeared, untrained from there.
+
+
+def test_a_dropped_episode_ends_before_the_bad_step_and_is_not_reported() -> None:
+    from trustrl.collect import Collector
+    from trustrl.envs import make_row_env
+    from trustrl.policy import Policy
+    from trustrl.rollout import Rollout
+
+    cfg = resolve(ENV, overrides={"env": {"num_envs": 1, "nonfinite": "drop", "kwargs": {"at": 5}}})
+    collector = Collector(make_row_env(cfg), seed=0, gamma=0.99)
+    policy = Policy(collector.spec)
+    rollout = Rollout.for_group(collector.groups[0], 16, 1)
+    stats = collector.collect(policy, rollout)
+    valid, truncated = rollout.valid[:, 0].numpy(), rollout.truncated[:, 0].numpy()
+    # The env's step 5 (t = 4) handed out NaN: the episode ends, truncated, at t = 3, and
+    # t = 4 is its reset step; the new episode starts at t = 5 and ends at t = 14.
+    assert valid.tolist() == [True] * 4 + [False] + [True] * 10 + [False]
+    assert truncated.nonzero()[0].tolist() == [3]
+    assert rollout.terminated[:, 0].nonzero()[0].tolist() == [14]
+    assert torch.isfinite(rollout.obs).all() and torch.isfinite(rollout.rewards).all()
+    np.testing.assert_array_equal(rollout.obs[5, 0].numpy(), np.zeros(4))  # the reset obs
+    assert stats.dropped == 1
+    assert stats.lengths == [10]  # only the new episode is reported
+    assert stats.returns == [float(rollout.actions[5:15, 0].sum())]
+
+
+@pytest.mark.parametrize(
+    ("where", "backend"), [("observation", "sync"), ("reward", "sync"), ("observation", "async")]
+)
+def test_a_run_dropping_episodes_goes_on_and_counts_them(
+    tmp_path: Path, where: str, backend: str
+) -> None:
+    from trustrl.logging import read_progress
+
+    base = config(tmp_path / "run", where=where, at=40)
+    table = {"env": {"nonfinite": "drop", "backend": backend}}
+    cfg = resolve(ENV, overrides=_merge(base, table))
+    trainer = Trainer(cfg)
+    trainer.train()
+    rows = read_progress(tmp_path / "run" / "progress.csv")
+    assert sum(r["dropped_episodes"] for r in rows) == 2  # both envs, once each
+    assert all(math.isfinite(r["loss_pi"]) and math.isfinite(r["loss_v"]) for r in rows)
+    assert all(torch.isfinite(t).all() for t in trainer.policy.state_dict().values())
+
+
+def _merge(config_: Any, table: dict[str, Any]) -> dict[str, Any]:
+    from trustrl.config import config_to_dict, merge
+
+    return merge(config_to_dict(config_), table)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "backend", "message"),
+    [
+        ("CartPole-v1", "vector", "use env.backend sync or async"),
+        ("CartPole-v1", "auto", "use env.backend sync or async"),
+        ("mpe2:simple_spread_v3", "auto", "is for Gymnasium envs"),
+    ],
+)
+def test_drop_is_refused_where_it_cannot_work(env_id: str, backend: str, message: str) -> None:
+    from trustrl.config import ConfigError
+    from trustrl.envs import make_row_env
+
+    cfg = resolve(env_id, overrides={"env": {"nonfinite": "drop", "backend": backend}})
+    with pytest.raises(ConfigError, match=message):
+        make_row_env(cfg)

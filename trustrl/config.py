@@ -25,6 +25,7 @@ Backend = Literal["auto", "sync", "async", "vector"]
 Algo = Literal["ppo", "trpo"]
 ActorMode = Literal["shared", "per_agent"]
 CriticInput = Literal["global", "agent_state", "agent_centric", "local"]
+NonFinite = Literal["error", "drop"]
 
 
 class ConfigError(ValueError):
@@ -174,6 +175,8 @@ class EnvConfig:
     """Normalized observations are clipped to [-obs_clip, obs_clip]."""
     reward_clip: float = 10.0
     """Scaled rewards are clipped to [-reward_clip, reward_clip]."""
+    nonfinite: NonFinite = "error"
+    """A NaN or infinite observation or reward from the env: error (stop the run, naming the env, row, step and entries) or drop (end that episode there, untrained from the bad step on and not reported, reset its env and go on; counted in dropped_episodes; sync and async backends, Gymnasium envs)."""
 
     def __post_init__(self) -> None:
         _check_types(self, "env.")
@@ -182,6 +185,7 @@ class EnvConfig:
         _require(isinstance(self.kwargs, dict), f"env.kwargs must be a table, got {self.kwargs!r}")
         _check_positive("env.obs_clip", self.obs_clip)
         _check_positive("env.reward_clip", self.reward_clip)
+        _check_choice("env.nonfinite", self.nonfinite, get_args(NonFinite))
 
 
 @dataclass(frozen=True)

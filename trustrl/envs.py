@@ -338,6 +338,10 @@ class GroupStep:
     reward: np.ndarray  # (rows,)
     terminated: np.ndarray  # (rows,) bool
     truncated: np.ndarray  # (rows,) bool
+    dropped: np.ndarray | None = None
+    """(rows,) bool: the row's episode was dropped at this step for a non-finite value
+    (env.nonfinite = "drop"); the env was reset, and this step returned the first
+    observation of a new episode, as the step after an episode end does."""
 
 
 class NonFiniteError(RuntimeError):
@@ -366,7 +370,7 @@ def check_finite(
         for what, array in arrays.items():
             if array is None or np.isfinite(array.sum()):
                 continue
-            bad = ~np.isfinite(array.reshape(len(array), -1))
+            bad = _nonfinite_entries(array)
             if seen.alive is not None:
                 bad &= seen.alive[:, None]  # a finished agent's row repeats old data
             rows = np.flatnonzero(bad.any(1))
@@ -380,12 +384,26 @@ def check_finite(
             agent = f", agent {agents[row % len(agents)]}" if agents != ("",) else ""
             detail = ", ".join(
                 f"[{e}] = {v}" for e, v in zip(entries[:8], values[:8], strict=False)
-            )
+            ) + (", ..." if len(entries) > 8 else "")
             more = f" (and {len(rows) - 1} more rows)" if len(rows) > 1 else ""
             raise NonFiniteError(
                 f"{env} returned a non-finite {what} at {where}, row {row}{agent}: "
                 f"{'entries ' if what != 'reward' else ''}{detail}{more}"
             )
+
+
+def _nonfinite_entries(array: np.ndarray) -> np.ndarray:
+    """(rows, entries) bool: where a (rows, ...) array is NaN or infinite."""
+    return ~np.isfinite(array.reshape(len(array), -1))
+
+
+def nonfinite_rows(*arrays: np.ndarray) -> np.ndarray:
+    """(rows,) bool: the rows with a NaN or infinity in any of the (rows, ...) arrays."""
+    bad = np.zeros(len(arrays[0]), dtype=bool)
+    for array in arrays:
+        if not np.isfinite(array.sum()):
+            bad |= _nonfinite_entries(array).any(1)
+    return bad
 
 
 class RowEnv(Protocol):
@@ -406,14 +424,26 @@ def make_row_env(config: Any) -> RowEnv:
     from trustrl.multiagent import ParallelRows, is_parallel_env_id, parallel_env_factory
 
     kwargs = dict(config.env.kwargs)
+    drop = config.env.nonfinite == "drop"
     with env_kwargs_errors(config.env_id, kwargs):
         if is_parallel_env_id(config.env_id, kwargs):
+            if drop:
+                raise ConfigError(
+                    "env.nonfinite = 'drop' is for Gymnasium envs; a PettingZoo env's "
+                    "non-finite values stop the run ('error')"
+                )
             factory = parallel_env_factory(config.env_id, kwargs)
             return ParallelRows(
                 factory, config.env.num_envs, config.multiagent.critic_input, config.env_id
             )
+        check_env_id(config.env_id)
+        if drop and resolve_backend(config.env_id, config.env.backend) == "vector":
+            raise ConfigError(
+                "env.nonfinite = 'drop' resets single envs, which the env's own vectorized "
+                "implementation cannot: use env.backend sync or async"
+            )
         envs = make_vec_env(config.env_id, config.env.num_envs, config.env.backend, kwargs)
-        return GymRows(envs, config.env_id)
+        return GymRows(envs, config.env_id, drop_nonfinite=drop)
 
 
 @contextlib.contextmanager
@@ -436,11 +466,16 @@ def env_kwargs_errors(env_id: str, kwargs: dict[str, Any]) -> Iterator[None]:
 class GymRows:
     """A Gymnasium vector env as one group with one row per env."""
 
-    def __init__(self, envs: gym.vector.VectorEnv, name: str = "the env") -> None:
+    def __init__(
+        self, envs: gym.vector.VectorEnv, name: str = "the env", drop_nonfinite: bool = False
+    ) -> None:
         self.envs = envs
         self.num_envs = envs.num_envs
         self.name = name
+        self.drop_nonfinite = drop_nonfinite
         self.env_steps = 0  # vector steps since the envs were built, for messages
+        self.dropped = 0  # episodes dropped so far (drop_nonfinite)
+        self.seed = 0
         self._groups: list[AgentGroup] | None = None
 
     @property
@@ -454,6 +489,7 @@ class GymRows:
         return self.groups[0].spec
 
     def reset(self, seed: int) -> list[GroupObs]:
+        self.seed = seed
         raw, info = self.envs.reset(seed=seed)
         if self._groups is None:
             # The spaces say everything but whether the env hands out masks in its info.
@@ -473,8 +509,29 @@ class GymRows:
         self.env_steps += 1
         obs, mask = self.spec.split(raw, info)
         observed, steps = [GroupObs(obs, mask)], [GroupStep(reward, terminated, truncated)]
+        if self.drop_nonfinite:
+            self._drop_nonfinite(observed[0], steps[0])
         check_finite(self.name, observed, steps, self.env_steps, self.groups)
         return observed, steps
+
+    def _drop_nonfinite(self, seen: GroupObs, step: GroupStep) -> None:
+        """Rows with a non-finite observation or reward: their env is reset at once, and
+        the step is reported as the one after an episode end (``GroupStep.dropped``).
+        The resets are seeded from the run's seed and the drops so far (reproducible)."""
+        bad = nonfinite_rows(seen.obs, np.asarray(step.reward, dtype=np.float64))
+        if not bad.any():
+            return
+        seed = self.seed + 1_000_003 * (self.dropped + 1)  # env i resets with seed + i
+        self.dropped += int(bad.sum())
+        raw, info = self.envs.reset(seed=seed, options={"reset_mask": bad})
+        obs, mask = self.spec.split(raw, info)
+        seen.obs[bad] = obs[bad]
+        if seen.mask is not None and mask is not None:
+            seen.mask[bad] = mask[bad]
+        step.reward = np.where(bad, 0.0, step.reward)
+        step.terminated = np.asarray(step.terminated) & ~bad
+        step.truncated = np.asarray(step.truncated) & ~bad
+        step.dropped = bad
 
     def capture(self) -> EnvState:
         return capture_arrays(self.envs) or capture_pickle(self.envs)

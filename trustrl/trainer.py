@@ -528,6 +528,7 @@ def episode_metrics(episodes: EpisodeStats, agents: list[str] | None = None) -> 
         "episode_return_max": float(returns.max()) if found else nan,
         "episode_length_mean": float(np.mean(episodes.lengths)) if found else nan,
         "episodes": float(len(returns)),
+        "dropped_episodes": float(episodes.dropped),
     }
     names = np.asarray(episodes.agents)
     for agent in agents or []:
