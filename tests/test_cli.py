@@ -524,3 +524,20 @@ def test_multiagent_eval_reports_each_agent_and_group(tmp_path: Path, capsys) ->
     assert "(mean over agents)" in text.splitlines()[0]
     for name in ("group adversary: ", "group agent: ", "agent adversary_0: ", "agent agent_0: "):
         assert f"  {name}" in text, text
+
+
+def test_resume_flags_that_do_not_fit(cli_run, capsys) -> None:
+    code, _, err = run_cli(["train", "--resume", str(cli_run), "--overwrite"], capsys)
+    assert code == 2 and "--overwrite starts a new run; --resume continues one" in err
+    code, _, err = run_cli(["train", "CartPole-v1", "--trust-env-state", *TINY], capsys)
+    assert code == 2 and "--trust-env-state applies to --resume only" in err
+
+
+def test_unknown_kwarg_of_a_pettingzoo_env(tmp_path: Path, capsys) -> None:
+    config_file = tmp_path / "kwargs.toml"
+    config_file.write_text("[env]\nkwargs = { foo = 3 }\n")  # replaces the preset's kwargs
+    argv = ["train", "mpe2:simple_spread_v3", "--config", str(config_file), "--quiet"]
+    code, _, err = run_cli([*argv, "--run-dir", str(tmp_path / "run")], capsys)
+    assert code == 2, err
+    assert "mpe2:simple_spread_v3 does not accept the keyword argument 'foo'" in err
+    assert len(err.strip().splitlines()) == 1

@@ -849,3 +849,18 @@ def test_paused_and_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, acto
     columns = ("loss_pi", "loss_v", "episode_return_mean", "agent_2/episode_return")
     for a, b in zip(_progress(tmp_path / "a"), _progress(tmp_path / "b"), strict=True):
         assert [a[c] for c in columns] == [b[c] for c in columns]
+
+
+def test_a_multiagent_policy_in_the_wrong_env_or_with_wrong_shapes(tmp_path: Path) -> None:
+    from trustrl.evaluation import evaluate
+
+    policy = trainer(SPREAD, tmp_path / "run").policy
+    assert isinstance(policy, MultiAgentPolicy)
+    with pytest.raises(ValueError, match=r"which mpe2:simple_tag_v3 does not have \(its agents: "):
+        evaluate(policy, "mpe2:simple_tag_v3", episodes=1)
+    with pytest.raises(ValueError, match=r"agent_0: expected one observation of shape \(18,\)"):
+        policy.act({"agent_0": np.zeros((2, 18), np.float32)})
+    with pytest.raises(
+        ValueError, match=r"expects observations of shape \(18,\).*got shape \(4,\)"
+    ):
+        policy.act({"agent_0": np.zeros(4, np.float32)})

@@ -358,6 +358,12 @@ class MultiAgentPolicy(torch.nn.Module):
             if not present:
                 continue
             raw = [observations[a] for a in present]
+            for name, obs in zip(present, raw, strict=True):
+                if not group.spec.batch_shape(obs)[0]:
+                    raise ValueError(
+                        f"{name}: expected one observation of shape {group.spec.obs_shape}, "
+                        f"got shape {np.shape(obs)}"
+                    )
             if group.spec.dict_obs:
                 batch: Any = {
                     "observation": np.stack([r["observation"] for r in raw]),
@@ -376,6 +382,24 @@ class MultiAgentPolicy(torch.nn.Module):
         return actions
 
 
+def check_agents(policy: MultiAgentPolicy, env: Any, env_id: str) -> None:
+    """Refuse an env whose agents or spaces the policy was not trained for, naming them."""
+    missing = [a for g in policy.groups for a in g.agents if a not in env.possible_agents]
+    if missing:
+        raise ValueError(
+            f"this policy acts for agents {', '.join(missing)}, which {env_id} does not have "
+            f"(its agents: {', '.join(env.possible_agents)})"
+        )
+    for group in policy.groups:
+        for agent in group.agents:
+            spec = SpaceSpec.from_spaces(env.observation_space(agent), env.action_space(agent))
+            if not group.spec.compatible(spec):
+                raise ValueError(
+                    f"this policy was trained for {agent} with {group.spec.summary()}; "
+                    f"{env_id}'s {agent} has {spec.summary()}"
+                )
+
+
 def evaluate_parallel(
     policy: MultiAgentPolicy,
     env_id: str,
@@ -390,6 +414,7 @@ def evaluate_parallel(
     returns, lengths = [], []
     per_agent: dict[str, list[float]] = {a: [] for a in env.possible_agents}
     try:
+        check_agents(policy, env, env_id)
         for episode in range(episodes):
             observations, _ = env.reset(seed=seed + episode)
             totals = dict.fromkeys(env.possible_agents, 0.0)
