@@ -359,7 +359,7 @@ class MultiAgentPolicy(torch.nn.Module):
                 continue
             raw = [observations[a] for a in present]
             for name, obs in zip(present, raw, strict=True):
-                if not group.spec.batch_shape(obs)[0]:
+                if not group.spec.is_single(obs):
                     raise ValueError(
                         f"{name}: expected one observation of shape {group.spec.obs_shape}, "
                         f"got shape {np.shape(obs)}"

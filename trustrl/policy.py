@@ -264,7 +264,7 @@ class Policy(nn.Module):
         also be given directly (e.g. from ``info["action_mask"]``).
         """
         spec = self.spec
-        single, _ = spec.batch_shape(obs)
+        single = spec.is_single(obs)
         if single:
             obs = _add_batch_dim(obs)
             if mask is not None:
@@ -295,7 +295,7 @@ class Policy(nn.Module):
                 "Policy.value reads one observation per row: this policy's critic takes a "
                 "global state and agent ids (multi-agent)"
             )
-        single, _ = self.spec.batch_shape(obs)
+        single = self.spec.is_single(obs)
         if single:
             obs = _add_batch_dim(obs)
         flat, _ = self.spec.split(obs)

@@ -121,9 +121,9 @@ class SpaceSpec:
             and self.dict_obs == other.dict_obs
         )
 
-    def batch_shape(self, raw: Any) -> tuple[bool, int]:
-        """(single, rows) of one raw observation or a batch of them; a ValueError naming
-        both shapes when ``raw`` is neither ``obs_shape`` nor ``(B, *obs_shape)``."""
+    def is_single(self, raw: Any) -> bool:
+        """Whether ``raw`` is one observation (True) or a batch (False); a ValueError naming
+        both shapes when it is neither ``obs_shape`` nor ``(B, *obs_shape)``."""
         if self.dict_obs:
             if not isinstance(raw, dict) or "observation" not in raw:
                 raise ValueError(
@@ -133,9 +133,9 @@ class SpaceSpec:
             raw = raw["observation"]
         shape = np.shape(raw)
         if tuple(shape) == self.obs_shape:
-            return True, 1
+            return True
         if tuple(shape[1:]) == self.obs_shape and len(shape) == len(self.obs_shape) + 1:
-            return False, int(shape[0])
+            return False
         raise ValueError(
             f"this policy expects observations of shape {self.obs_shape} (or a batch "
             f"(B, {', '.join(map(str, self.obs_shape))})), got shape {tuple(shape)}"
