@@ -174,3 +174,20 @@ def test_trusted_env_pickle_restores_an_env_without_array_state(tmp_path: Path) 
     with pytest.warns(UserWarning, match="--trust-env-state"):
         trusted = trustrl.Trainer(config, tmp_path, resume=True, trust_env_state=True)
     assert trusted.envs_restored
+
+
+def test_saved_env_arrays_of_another_form_are_refused(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    config = trustrl.resolve(
+        "CartPole-v1", overrides=_overrides("CartPole-v1", 128 * 4, tmp_path, "vector")
+    )
+    trustrl.Trainer(config).train(iterations=2)
+    path = tmp_path / "checkpoints" / "iter_00000002" / "state.safetensors"
+    tensors = load_file(str(path))
+    key = "state.env.state"
+    assert tensors[key].shape == (4, 2)  # CartPole's (4, num_envs) state
+    tensors[key] = torch.zeros(7, 2, dtype=tensors[key].dtype)
+    save_file(tensors, str(path))
+    with pytest.raises(CheckpointError, match="saved environment state does not fit this env"):
+        trustrl.Trainer(config, tmp_path, resume=True)

@@ -219,6 +219,22 @@ def _env_arrays(env: gym.Env) -> dict[str, Any] | None:
     return None
 
 
+def _fits(name: str, saved: Any, current: Any) -> Any:
+    """``saved`` if it has the kind (and for arrays the shape and dtype) of ``current``:
+    a checkpoint's numbers cannot make the env step with state of another form."""
+    if isinstance(current, np.ndarray):
+        ok = (
+            isinstance(saved, np.ndarray)
+            and saved.shape == current.shape
+            and saved.dtype == current.dtype
+        )
+    else:
+        ok = current is None or saved is None or type(saved) is type(current)
+    if not ok:
+        raise ValueError(f"saved {name} does not fit this env's ({saved!r} vs {current!r})")
+    return saved
+
+
 def _set_env_arrays(env: gym.Env, saved: dict[str, Any]) -> None:
     unwrapped: Any = env.unwrapped
     kind = saved["kind"]
@@ -226,17 +242,19 @@ def _set_env_arrays(env: gym.Env, saved: dict[str, Any]) -> None:
         import mujoco
 
         spec = mujoco.mjtState.mjSTATE_INTEGRATION
-        mujoco.mj_setState(unwrapped.model, unwrapped.data, saved["physics"], spec)
+        current = np.empty(mujoco.mj_stateSize(unwrapped.model, spec))
+        physics = _fits("physics", saved["physics"], current)
+        mujoco.mj_setState(unwrapped.model, unwrapped.data, physics, spec)
         mujoco.mj_forward(unwrapped.model, unwrapped.data)
     else:
         if type(unwrapped).__name__ != kind:
             raise ValueError(f"saved state of a {kind}, env is a {type(unwrapped).__name__}")
         for name in ("state", *_CLASSIC_EXTRAS[kind]):
-            setattr(unwrapped, name, saved[name])
+            setattr(unwrapped, name, _fits(name, saved[name], getattr(unwrapped, name)))
     _set_rng_state(unwrapped, saved["rng"])
     limit = _time_limit(env)
     if limit is not None:
-        limit._elapsed_steps = saved["elapsed_steps"]
+        limit._elapsed_steps = _fits("elapsed_steps", saved["elapsed_steps"], 0)
 
 
 def capture_arrays(envs: gym.vector.VectorEnv) -> dict[str, Any] | None:
@@ -267,7 +285,7 @@ def restore_arrays(envs: gym.vector.VectorEnv, saved: dict[str, Any]) -> None:
         if type(unwrapped).__name__ != "CartPoleVectorEnv":
             raise ValueError("saved state of CartPole's vector env, env is another")
         for name in _VECTOR_CARTPOLE:
-            setattr(unwrapped, name, saved[name])
+            setattr(unwrapped, name, _fits(name, saved[name], getattr(unwrapped, name)))
         _set_rng_state(unwrapped, saved["rng"])
         return
     subs = _sub_envs(envs)
@@ -275,7 +293,7 @@ def restore_arrays(envs: gym.vector.VectorEnv, saved: dict[str, Any]) -> None:
         raise ValueError("saved state of other vector envs")
     for env, sub in zip(subs, saved["envs"], strict=True):
         _set_env_arrays(env, sub)
-    envs._autoreset_envs[:] = saved["autoreset"]
+    envs._autoreset_envs[:] = _fits("autoreset", saved["autoreset"], envs._autoreset_envs)
 
 
 def capture_pickle(envs: Any) -> bytes | None:
