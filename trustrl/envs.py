@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -377,37 +378,48 @@ def check_finite(
     the row, the env step and the entries: one NaN otherwise ruins a run silently (every
     loss turns NaN, every update step is skipped, the normalizer's statistics turn NaN).
 
-    One sum per array in the common case; the search runs only when a sum is not finite
-    (a sum that overflows from finite values is searched and passes).
+    Per step only a sum per array (NaN and infinities make it non-finite); the search
+    runs when it is not (a sum that overflows from finite values is searched and passes).
     """
-    for index, (seen, group) in enumerate(zip(observed, groups, strict=True)):
-        step = steps[index] if steps is not None else None
-        arrays = {"observation": seen.obs, "critic state": seen.critic_obs}
-        if step is not None:
-            arrays["reward"] = np.asarray(step.reward, dtype=np.float64)[:, None]
-        for what, array in arrays.items():
-            if array is None or np.isfinite(array.sum()):
-                continue
-            bad = _nonfinite_entries(array)
-            if seen.alive is not None:
-                bad &= seen.alive[:, None]  # a finished agent's row repeats old data
-            rows = np.flatnonzero(bad.any(1))
-            if len(rows) == 0:
-                continue
-            row = int(rows[0])
-            entries = np.flatnonzero(bad[row])
-            values = array.reshape(len(array), -1)[row, entries]
-            where = "reset" if steps is None else f"env step {env_step:,}"
-            agents = group.agents
-            agent = f", agent {agents[row % len(agents)]}" if agents != ("",) else ""
-            detail = ", ".join(
-                f"[{e}] = {v}" for e, v in zip(entries[:8], values[:8], strict=False)
-            ) + (", ..." if len(entries) > 8 else "")
-            more = f" (and {len(rows) - 1} more rows)" if len(rows) > 1 else ""
-            raise NonFiniteError(
-                f"{env} returned a non-finite {what} at {where}, row {row}{agent}: "
-                f"{'entries ' if what != 'reward' else ''}{detail}{more}"
-            )
+    for index, seen in enumerate(observed):
+        total = float(seen.obs.sum())
+        if steps is not None:
+            total += float(steps[index].reward.sum())
+        if seen.critic_obs is not None:
+            total += float(seen.critic_obs.sum())
+        if not math.isfinite(total):
+            _raise_nonfinite(env, seen, steps[index] if steps else None, env_step, groups[index])
+
+
+def _raise_nonfinite(
+    env: str, seen: GroupObs, step: GroupStep | None, env_step: int, group: AgentGroup
+) -> None:
+    arrays = {"observation": seen.obs, "critic state": seen.critic_obs}
+    if step is not None:
+        arrays["reward"] = np.asarray(step.reward, dtype=np.float64)[:, None]
+    for what, array in arrays.items():
+        if array is None:
+            continue
+        bad = _nonfinite_entries(array)
+        if seen.alive is not None:
+            bad &= seen.alive[:, None]  # a finished agent's row repeats old data
+        rows = np.flatnonzero(bad.any(1))
+        if len(rows) == 0:
+            continue
+        row = int(rows[0])
+        entries = np.flatnonzero(bad[row])
+        values = array.reshape(len(array), -1)[row, entries]
+        where = "reset" if step is None else f"env step {env_step:,}"
+        agents = group.agents
+        agent = f", agent {agents[row % len(agents)]}" if agents != ("",) else ""
+        detail = ", ".join(
+            f"[{e}] = {v}" for e, v in zip(entries[:8], values[:8], strict=False)
+        ) + (", ..." if len(entries) > 8 else "")
+        more = f" (and {len(rows) - 1} more rows)" if len(rows) > 1 else ""
+        raise NonFiniteError(
+            f"{env} returned a non-finite {what} at {where}, row {row}{agent}: "
+            f"{'entries ' if what != 'reward' else ''}{detail}{more}"
+        )
 
 
 def _nonfinite_entries(array: np.ndarray) -> np.ndarray:
