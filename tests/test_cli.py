@@ -268,7 +268,7 @@ def test_train_help_shows_the_preset(capsys) -> None:
     assert code == 0
     text = squash(out)
     assert "--total-steps INT Environment steps to train for" in text
-    assert "(default: 50000)" in text  # the CartPole preset, not the dataclass default
+    assert "(default: 49920)" in text  # the CartPole preset, not the dataclass default
 
 
 def test_top_level_usage(capsys) -> None:

@@ -338,7 +338,7 @@ def test_merge_order_defaults_preset_file_overrides(tmp_path: Path) -> None:
     assert config.rollout.num_steps == 32  # preset over default
     assert config.rollout.gae_lambda == 0.8  # preset, untouched by the file's [rollout]
     assert config.ppo.learning_rate == 2e-3  # preset, untouched by the file's [ppo]
-    assert config.total_steps == 50_000  # preset
+    assert config.total_steps == 49_920  # preset
     assert config.rollout.gamma == 0.97  # file over preset
     assert config.env.num_envs == 4  # file over preset
     assert config.ppo.clip_coef == 0.1  # file over preset
@@ -399,6 +399,16 @@ def test_to_dict_drops_unset_values() -> None:
     assert "target_kl" not in table["ppo"] and "pi_lr" not in table["ppo"]
     assert "run_dir" not in table and "target_return" not in table
     assert table["ppo"]["clip_coef"] == 0.2
+
+
+@pytest.mark.parametrize("algo", ["ppo", "trpo"])
+def test_every_preset_trains_whole_iterations(algo: str) -> None:
+    """total_steps is rounded up to whole iterations (with a note); a preset says exactly
+    what runs."""
+    for name in cfg.available_presets(algo):
+        env_id = name.replace("mpe2_", "mpe2:") if name.startswith("mpe2_") else name
+        config = resolve(env_id, algo)
+        assert config.total_steps % config.batch_size == 0, (algo, name)
 
 
 def test_derived_sizes() -> None:
