@@ -18,10 +18,11 @@ is scored on the same episodes (``--episodes`` resets seeded ``--eval-seed + i``
   compute it from its own observation, which shows every position), and each agent takes
   the action that brings its position after next closest to its landmark (an action
   changes the velocity, which moves the agent from the following step on).
-* **trustrl**: the shipped preset (``trustrl/presets/ppo/mpe2_simple_spread_v3.toml``, the
-  seed kernel's settings) overlaid with ``--config`` (default
-  ``benchmarks/simple_spread.toml``: the MAPPO paper's MPE settings as tuned there, one
-  actor shared by the agents), with the critic reading the global state (``mappo``),
+* **trustrl**: the seed kernel's preset (``--preset relayrl-kernel``,
+  ``trustrl/presets/ppo/mpe2_simple_spread_v3/relayrl-kernel.toml``) overlaid with
+  ``--config`` (default ``benchmarks/simple_spread.toml``: the MAPPO paper's MPE settings
+  as tuned there, one actor shared by the agents; with ``mappo-centric`` they are the
+  env's shipped default preset), with the critic reading the global state (``mappo``),
   the global state plus the agent's own observation (``mappo-as``), every agent's
   observation with the agent's own first (``mappo-centric``) or the agent's own
   observation alone (``ippo``); ``-per-agent`` and ``-shared`` variants set the actors
@@ -61,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 ENV_ID = "mpe2:simple_spread_v3"
 ENV_KWARGS: dict[str, Any] = {"local_ratio": 0.5, "max_cycles": 25, "continuous_actions": False}
 NUM_AGENTS = 3
+BASE_PRESET = "relayrl-kernel"  # what the settings file is applied over
 PRESET_STEPS = 2_000_000
 VARIANTS: dict[str, dict[str, str]] = {
     "mappo": {"critic_input": "global"},  # actors as the config says
@@ -157,6 +159,7 @@ def train_one(job: dict[str, Any]) -> dict[str, Any]:
     run_dir = Path(job["run_root"]) / f"{variant}__seed{seed}"
     config = trustrl.resolve(
         ENV_ID,
+        preset=BASE_PRESET,
         config_file=job["config"] or None,
         overrides={
             "total_steps": steps,
@@ -266,7 +269,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"Budget: {settings['steps']:,} env steps per run, seeds "
         f"{', '.join(map(str, settings['seeds']))}; scores over {settings['episodes']} "
         f"episodes (seeds {settings['eval_seed']}+); {settings.get('jobs', 1)} run(s) trained "
-        "at a time. Settings: the preset"
+        f"at a time. Settings: the {BASE_PRESET} preset"
         + (
             f" overlaid with `benchmarks/{Path(settings['config']).name}`."
             if settings.get("config")
@@ -344,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--config",
         default=str(ROOT / "benchmarks" / "simple_spread.toml"),
-        help="settings applied over the preset (TOML; '' for the preset alone)",
+        help=f"settings applied over the {BASE_PRESET} preset (TOML; '' for the preset alone)",
     )
     parser.add_argument("--episodes", type=int, default=200, help="scoring episodes per policy")
     parser.add_argument("--eval-seed", type=int, default=10_000, help="seed of the first one")

@@ -41,7 +41,7 @@ def main() -> None:
         "--critic-process",
         choices=["on", "off"],
         default="on",
-        help="ppo.critic_process: the critic's share in a second process (default on)",
+        help="ppo.critic_process: the critic's share in a second process (default here: on)",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -275,11 +275,11 @@ def test_resume_after_interrupt_starts_from_the_newest_checkpoint(tmp_path: Path
     trainer = Trainer(config(iterations=6, checkpoint_every=10), tmp_path, resume=True)
     collect = trainer.collector.collect
 
-    def collect_then_interrupt(policy, rollout, train=True):
-        stats = collect(policy, rollout, train)
+    def collect_then_interrupt(snapshot, train=True):
+        batch = collect(snapshot, train)
         if trainer.iteration == 2:  # while collecting for iteration 3
             os.kill(os.getpid(), signal.SIGINT)
-        return stats
+        return batch
 
     trainer.collector.collect = collect_then_interrupt  # type: ignore[method-assign]
     trainer.train()
@@ -361,8 +361,8 @@ def test_background_checkpoints_hold_their_own_iteration(
     weights: list[dict[str, torch.Tensor]] = []
     update = trainer._update
 
-    def recording_update(progress: float) -> dict[str, float]:
-        metrics = update(progress)
+    def recording_update(progress: float, rollouts: list) -> dict[str, float]:
+        metrics = update(progress, rollouts)
         weights.append({k: v.clone() for k, v in trainer.policy.state_dict().items()})
         return metrics
 

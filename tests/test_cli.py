@@ -88,15 +88,15 @@ def test_train_prints_the_evaluation_and_run_folder(tmp_path: Path, capsys) -> N
     code, out, err = run_cli(["train", "CartPole-v1", *TINY, "--run-dir", str(run_dir)], capsys)
     assert code == 0, err
     assert "Traceback" not in err
-    # The end summary: the run folder, the evaluation, the commands to look at the run.
+    # The end summary: the evaluation, the commands to look at the run, the run folder last.
+    evaluation = out.split("evaluation over 1 episodes (deterministic): ")[-1].split("\n")[0]
     assert out.rstrip().endswith(
-        f"run folder: {run_dir}\n"
-        "evaluation over 1 episodes (deterministic): "
-        + out.split("evaluation over 1 episodes (deterministic): ")[-1].split("\n")[0]
-        + "\nlook at it:\n"
-        f"  tensorboard --logdir {run_dir / 'tensorboard'}\n"
-        f"  trustrl eval {run_dir}\n"
-        f"  trustrl export {run_dir}"
+        f"evaluation over 1 episodes (deterministic): {evaluation}\n"
+        f"learning curve: trustrl plot {run_dir}\n"
+        f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}\n"
+        f"evaluate: trustrl eval {run_dir}\n"
+        f"export: trustrl export {run_dir}\n"
+        f"run folder: {run_dir}"
     )
 
 
@@ -273,7 +273,7 @@ def test_train_help_shows_the_preset(capsys) -> None:
 
 def test_top_level_usage(capsys) -> None:
     code, out, _ = run_cli([], capsys)
-    assert code == 2 and "usage: trustrl {train,eval,export,presets}" in out
+    assert code == 2 and "usage: trustrl {train,eval,plot,export,presets}" in out
     code, out, _ = run_cli(["--help"], capsys)
     assert code == 0
     code, _, err = run_cli(["fly"], capsys)

@@ -21,11 +21,11 @@ import pytest
 import torch
 
 from tests import envs as E
+from tests.collecting import collect
 from trustrl.collect import Collector
 from trustrl.config import PolicyConfig, config_from_dict, merge
 from trustrl.inference import Inference
 from trustrl.policy import Policy
-from trustrl.rollout import Rollout
 from trustrl.spaces import SpaceSpec
 from trustrl.trainer import Trainer
 
@@ -38,18 +38,6 @@ def vector_env(backend: str, fns: list[Callable[[], gym.Env]]) -> gym.vector.Vec
     if backend == "async":
         return gym.vector.AsyncVectorEnv(fns, shared_memory=True, autoreset_mode=NEXT_STEP)
     return gym.vector.SyncVectorEnv(fns, autoreset_mode=NEXT_STEP)
-
-
-def make_rollout(collector: Collector, num_steps: int) -> Rollout:
-    spec = collector.spec
-    return Rollout(
-        num_steps,
-        collector.num_envs,
-        spec.obs_dim,
-        spec.action_shape,
-        spec.action_dtype,
-        spec.mask_dim,
-    )
 
 
 def known_value(obs: torch.Tensor, *_: object) -> torch.Tensor:
@@ -191,8 +179,7 @@ def test_autoreset_rows_flags_bootstrap_and_episodes(
         all_returns: list[float] = []
         all_lengths: list[int] = []
         for chunk in CHUNKS:
-            rollout = make_rollout(collector, chunk)
-            stats = collector.collect(policy, rollout)
+            rollout, stats = collect(collector, policy, chunk)
             rollout.compute_advantages(GAMMA, LAM)
             all_returns += stats.returns
             all_lengths += stats.lengths
@@ -245,9 +232,8 @@ def test_truncation_bootstraps_from_final_observation_termination_does_not(
     collector = scripted_collector("sync")
     policy = small_policy(collector)
     use_known_value(monkeypatch)
-    rollout = make_rollout(collector, 5)
     try:
-        collector.collect(policy, rollout)
+        rollout, _ = collect(collector, policy, 5)
     finally:
         collector.close()
     rollout.compute_advantages(GAMMA, LAM)
@@ -292,10 +278,9 @@ def test_masks_are_respected(backend: str, env_cls: type) -> None:
         # sampled often (and the strict env raises on them).
         policy.head.linear.weight.mul_(300.0)
         policy.head.linear.bias.copy_(torch.linspace(-3.0, 3.0, spec.nvec[0]))
-    rollout = make_rollout(collector, 24)
     try:
         for _ in range(2):
-            collector.collect(policy, rollout)
+            rollout, _ = collect(collector, policy, 24)
             assert rollout.action_mask is not None
             steps = rollout.obs[..., 0].long()  # both envs put the step first
             n = spec.nvec[0]
@@ -332,9 +317,8 @@ def test_box_actions_clipped_for_env_only(backend: str) -> None:
     policy = small_policy(collector)
     with torch.no_grad():
         policy.head.log_std.fill_(1.0)  # std e: most samples fall outside [-1, 1]
-    rollout = make_rollout(collector, 16)
     try:
-        collector.collect(policy, rollout)
+        rollout, _ = collect(collector, policy, 16)
     finally:
         collector.close()
     actions = rollout.actions
@@ -361,9 +345,14 @@ def test_box_actions_clipped_for_env_only(backend: str) -> None:
     assert not torch.allclose(rollout.logprob[outside], clipped_logprob[outside])
 
 
+@pytest.mark.parametrize("obs_stats", ["rollout", "step"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_obs_normalization_updates_only_when_training(backend: str) -> None:
+def test_obs_normalization_updates_only_when_training(backend: str, obs_stats: str) -> None:
+    """The learner's statistics take in every observation of a training rollout (its
+    delta, merged once); the statistics that act are the snapshot's, frozen for the
+    rollout, or with ``obs_stats="step"`` updated at every step as well."""
     collector = scripted_collector(backend)
+    collector.obs_stats = obs_stats  # type: ignore[assignment]
     policy = small_policy(collector, normalize_obs=True)
     normalizer = policy.obs_normalizer
     assert normalizer is not None
@@ -373,25 +362,25 @@ def test_obs_normalization_updates_only_when_training(backend: str) -> None:
     )
     try:
         # Not training: statistics frozen at their initial values (mean 0, var 1).
-        rollout = make_rollout(collector, 6)
-        collector.collect(policy, rollout, train=False)
+        rollout, _ = collect(collector, policy, 6, train=False)
         assert normalizer.count.item() == 0
         assert torch.equal(normalizer.mean, torch.zeros(3, dtype=torch.float64))
         torch.testing.assert_close(rollout.obs, raw[:6])
 
         # Training: every observation acted on is folded in, reset rows included.
-        rollout = make_rollout(collector, 8)
-        collector.collect(policy, rollout, train=True)
+        rollout, _ = collect(collector, policy, 8, train=True)
         assert normalizer.count.item() == 8 * 3
         seen = raw[6:14].reshape(-1, 3).double()
         torch.testing.assert_close(normalizer.mean, seen.mean(0))
         torch.testing.assert_close(normalizer.var, seen.var(0, unbiased=False))
-        # The rollout holds observations as acted on: the last row with final statistics.
-        torch.testing.assert_close(rollout.obs[-1], normalizer(raw[13]))
+        # The rollout holds observations as acted on.
+        if obs_stats == "step":  # the last row with the statistics that took it in
+            torch.testing.assert_close(rollout.obs[-1], normalizer(raw[13]))
+        else:  # the snapshot's statistics (mean 0, var 1 here): frozen for the rollout
+            torch.testing.assert_close(rollout.obs, raw[6:14].clamp(-10.0, 10.0))
         mean, var = normalizer.mean.clone(), normalizer.var.clone()
 
-        rollout = make_rollout(collector, 5)
-        collector.collect(policy, rollout, train=False)
+        rollout, _ = collect(collector, policy, 5, train=False)
         assert normalizer.count.item() == 8 * 3
         assert torch.equal(normalizer.mean, mean) and torch.equal(normalizer.var, var)
         torch.testing.assert_close(rollout.obs, normalizer(raw[14:19]))
@@ -406,12 +395,11 @@ def test_reward_scaler_updates_only_when_training() -> None:
     scaler = collector.reward_scaler
     assert scaler is not None
     try:
-        rollout = make_rollout(collector, 6)
-        collector.collect(policy, rollout, train=False)
+        rollout, _ = collect(collector, policy, 6, train=False)
         assert scaler.count.item() == 0
         # Unit variance: rewards pass through unscaled (up to epsilon).
         torch.testing.assert_close(rollout.rewards[:3, 0], torch.tensor([1.0, 2.0, 3.0]))
-        collector.collect(policy, rollout, train=True)
+        rollout, _ = collect(collector, policy, 6, train=True)
         # Only valid rows update the scaler (reset rows carry no reward).
         assert scaler.count.item() == int(rollout.valid.sum())
         assert scaler.var.item() != 1.0
@@ -435,9 +423,8 @@ def test_reward_scaling_against_a_brute_force_reference(num_envs: int) -> None:
     discounted = np.zeros(num_envs)
     try:
         for _ in range(3):  # the discounted return carries over from rollout to rollout
-            raw, out = make_rollout(plain, 7), make_rollout(scaled, 7)
-            plain.collect(policy, raw)
-            scaled.collect(policy, out)
+            raw, _ = collect(plain, policy, 7)
+            out, _ = collect(scaled, policy, 7)
             for t in range(7):
                 reward = raw.rewards[t].double().numpy()
                 valid = raw.valid[t].numpy()
@@ -465,9 +452,8 @@ def test_cartpole_episode_accounting_on_every_backend(backend: str) -> None:
     envs = make_vec_env("CartPole-v1", 3, backend, {"max_episode_steps": limit})
     collector = Collector(envs, seed=11, gamma=GAMMA)
     policy = small_policy(collector)
-    rollout = make_rollout(collector, 60)
     try:
-        stats = collector.collect(policy, rollout)
+        rollout, stats = collect(collector, policy, 60)
     finally:
         collector.close()
     valid, term, trunc = rollout.valid, rollout.terminated, rollout.truncated
@@ -500,8 +486,8 @@ def test_cartpole_episode_accounting_on_every_backend(backend: str) -> None:
 
 def _rollout_matches_policy(trainer: Any) -> None:
     """Every stored log-probability and value of a fresh rollout is the torch policy's."""
-    trainer.collector.collect(trainer.policies, trainer.rollouts)
-    for policy, rollout in zip(trainer.policies, trainer.rollouts, strict=True):
+    rollouts, _ = trainer.collect()
+    for policy, rollout in zip(trainer.policies, rollouts, strict=True):
         steps, rows = rollout.logprob.shape
         agent = rollout.agent.repeat(steps)
         mask = rollout.action_mask

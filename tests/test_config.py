@@ -44,6 +44,7 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("env.num_envs", 0, ("env.num_envs", "got 0"), {}),
     ("env.num_envs", 2.5, ("env.num_envs", "2.5"), {}),
     ("env.backend", "threads", ("env.backend", '"threads"', "sync"), {}),
+    ("env.obs_stats", "iteration", ("env.obs_stats", '"iteration"', "rollout", "step"), {}),
     ("env.kwargs", [1, 2], ("env.kwargs", "[1, 2]"), {}),
     ("env.obs_clip", 0, ("env.obs_clip", "got 0"), {}),
     ("env.obs_clip", math.nan, ("env.obs_clip", "nan"), {}),
@@ -107,6 +108,10 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("checkpoint_every", 0, ("checkpoint_every", "got 0"), {}),
     ("checkpoint_keep", 0, ("checkpoint_keep", "got 0"), {}),
     ("eval_every", -1, ("eval_every", "-1"), {}),
+    ("runners", -1, ("runners", "-1"), {}),
+    ("envs_per_runner", 0, ("envs_per_runner", "got 0"), {}),
+    ("runner_timeout", 0.0, ("runner_timeout", "0.0"), {}),
+    ("runner_failures", 0, ("runner_failures", "got 0"), {}),
     ("target_return", math.inf, ("target_return", "inf"), {}),
     ("target_return", float("nan"), ("target_return", "nan"), {}),
     ("multiagent.actor", "each", ("multiagent.actor", "shared, per_agent", '"each"'), {}),
@@ -132,6 +137,7 @@ UNVALIDATED = {
     "multiagent.value_norm",
     "run_dir",
     "quiet",
+    "ray_address",
 }
 
 

@@ -36,7 +36,9 @@ def run_pair(space: str, options: dict, between=None) -> tuple[PPOUpdate, PPOUpd
     is called with the worker's update after the first."""
     policy = make_policy(space)
     twin = copy.deepcopy(policy)
-    with_worker = PPOUpdate(policy, PPOConfig(update_epochs=4, num_minibatches=4, **options), 5)
+    with_worker = PPOUpdate(
+        policy, PPOConfig(update_epochs=4, num_minibatches=4, critic_process=True, **options), 5
+    )
     alone = PPOUpdate(
         twin, PPOConfig(update_epochs=4, num_minibatches=4, critic_process=False, **options), 5
     )
@@ -83,7 +85,9 @@ def test_the_worker_blocks_between_updates(monkeypatch: pytest.MonkeyPatch) -> N
     loop, even with a polling time far longer than the test."""
     monkeypatch.setattr(critic_worker, "POLL_SECONDS", 60.0)
     policy = make_policy("discrete")
-    update = PPOUpdate(policy, PPOConfig(update_epochs=2, num_minibatches=2), 0)
+    update = PPOUpdate(
+        policy, PPOConfig(update_epochs=2, num_minibatches=2, critic_process=True), 0
+    )
     update(policy, make_rollout(policy, "discrete"), 0.0)
     pid = update.gradients.worker.pid  # type: ignore[attr-defined]
     deadline = time.monotonic() + 5.0
@@ -114,7 +118,7 @@ def test_the_worker_reads_the_weights_the_optimizer_steps() -> None:
     """The policy's parameters, the optimizer's flat buffer and the worker's views are
     one memory, shared with the child."""
     policy = make_policy("discrete")
-    update = PPOUpdate(policy, PPOConfig(), 0)
+    update = PPOUpdate(policy, PPOConfig(critic_process=True), 0)
     flat = update.optimizers["all"].flat
     assert flat.is_shared()
     start, end = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
@@ -129,7 +133,9 @@ def test_without_shared_memory_the_update_runs_in_one_process(monkeypatch) -> No
     monkeypatch.setattr(torch.Tensor, "share_memory_", refuse)
     policy = make_policy("discrete")
     with pytest.warns(RuntimeWarning, match="shared memory unavailable"):
-        update = PPOUpdate(policy, PPOConfig(update_epochs=2, num_minibatches=2), 0)
+        update = PPOUpdate(
+            policy, PPOConfig(update_epochs=2, num_minibatches=2, critic_process=True), 0
+        )
     assert not update.critic_process
     update(policy, make_rollout(policy, "discrete"), 0.0)
     assert update.gradients.worker is None  # type: ignore[attr-defined]

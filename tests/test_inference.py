@@ -87,7 +87,7 @@ def test_log_probs_and_values_match_torch(
     policy = make(space, layout, activation)
     assert LARGE * min(policy.config.hidden_sizes) >= TANH_VIA_SIGMOID_MIN
     x, critic, agent = inputs(policy, rows=rows)
-    actions, logprob, value = Inference(policy).step(
+    actions, logprob, value = Inference.of(policy).step(
         x, None, np.random.default_rng(0), critic, agent
     )
     assert logprob.dtype == np.float32 and value.dtype == np.float32
@@ -107,7 +107,7 @@ def test_mode_is_the_torch_heads_mode(space: str, layout: str) -> None:
     """``mode`` (evaluation's deterministic action) is ``head.mode``, masks included."""
     policy = make(space, layout)
     x, _, agent = inputs(policy)
-    width = Inference(policy).width
+    width = Inference.of(policy).width
     mask = None
     if space != "box":  # one forbidden action per row (per block), never a block's only one
         mask = np.ones((ROWS, width), dtype=bool)
@@ -116,7 +116,7 @@ def test_mode_is_the_torch_heads_mode(space: str, layout: str) -> None:
         t_mask = torch.from_numpy(mask) if mask is not None else None
         params = policy.dist_params(torch.from_numpy(x), t_mask, torch.from_numpy(agent))
         expected = policy.head.mode(params).numpy()
-    actions = Inference(policy).mode(x, mask, agent)
+    actions = Inference.of(policy).mode(x, mask, agent)
     if mask is None:
         np.testing.assert_allclose(actions, expected, rtol=1e-5, atol=1e-6)
         return
@@ -130,13 +130,13 @@ def test_weights_are_a_snapshot() -> None:
     """Weights are copied at construction: an update mid-collection cannot mix versions."""
     policy = make("discrete", "single")
     x, _, _ = inputs(policy)
-    inference = Inference(policy)
+    inference = Inference.of(policy)
     before = inference.value(x)
     with torch.no_grad():
         for p in policy.parameters():
             p.add_(1.0)
     np.testing.assert_array_equal(inference.value(x), before)
-    assert not np.allclose(Inference(policy).value(x), before)
+    assert not np.allclose(Inference.of(policy).value(x), before)
 
 
 def test_categorical_samples_follow_the_policy_and_respect_masks() -> None:
@@ -144,7 +144,7 @@ def test_categorical_samples_follow_the_policy_and_respect_masks() -> None:
     x = np.repeat(inputs(policy)[0][:1], 40_000, axis=0)
     mask = np.ones((len(x), 5), dtype=bool)
     mask[:, 1] = False
-    actions, _, _ = Inference(policy).step(x, mask, np.random.default_rng(3))
+    actions, _, _ = Inference.of(policy).step(x, mask, np.random.default_rng(3))
     with torch.no_grad():
         masked = torch.from_numpy(mask[:1])
         probs = policy.dist_params(torch.from_numpy(x[:1]), masked)[0].exp().double().numpy()
@@ -157,7 +157,7 @@ def test_categorical_samples_follow_the_policy_and_respect_masks() -> None:
 def test_gaussian_samples_have_the_policy_mean_and_std() -> None:
     policy = make("box", "single")
     x = np.repeat(inputs(policy)[0][:1], 40_000, axis=0)
-    actions, _, _ = Inference(policy).step(x, None, np.random.default_rng(4))
+    actions, _, _ = Inference.of(policy).step(x, None, np.random.default_rng(4))
     with torch.no_grad():
         params = policy.dist_params(torch.from_numpy(x[:1]))[0].numpy()
     mean, std = params[:3], np.exp(params[3:])

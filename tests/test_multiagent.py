@@ -21,6 +21,7 @@ from gymnasium import spaces
 from torch import nn
 
 import trustrl
+from tests.collecting import collect
 from tests.coop_env import scripted_reward
 from trustrl.collect import Collector
 from trustrl.config import PolicyConfig, PPOConfig, config_from_dict, merge
@@ -86,8 +87,7 @@ def scripted_rollout(
         critic_dim=group.critic_dim,
         **(policy_kwargs or {"per_agent": True, "agent_id": True}),
     )
-    rollout = Rollout.for_group(group, num_steps, num_envs)
-    stats = collector.collect(policy, rollout)
+    rollout, stats = collect(collector, policy, num_steps)
     return collector, policy, rollout, stats
 
 
@@ -106,7 +106,7 @@ def test_rows_are_envs_times_agents_in_env_agent_order(tmp_path: Path) -> None:
     rows.close()
 
     t = trainer(SPREAD, tmp_path, env={"num_envs": 3}, rollout={"num_steps": 7})
-    [rollout] = t.rollouts
+    [rollout], _ = t.collect()
     assert rollout.obs.shape == (7, 9, 18)
     assert rollout.agent.tolist() == [0, 1, 2] * 3
     assert rollout.critic_obs is not None and rollout.critic_obs.shape == (7, 9, 54)
@@ -417,7 +417,7 @@ def test_local_critic_input_is_the_observation_plus_agent_id(tmp_path: Path) -> 
     rows.close()
     t = trainer(SPREAD, tmp_path, multiagent={"critic_input": "local"})
     [policy] = t.policies
-    assert t.rollouts[0].critic_obs is None
+    assert t.collect()[0][0].critic_obs is None
     assert policy.critic[0][0].in_features == 18 + 3
     t.collector.close()
 
@@ -525,7 +525,7 @@ def test_simple_adversary_two_groups_train(tmp_path: Path) -> None:
             for p in g["params"]
         }
         assert held == {id(p) for p in policy.parameters()}
-    assert [r.obs.shape for r in t.rollouts] == [(30, 2, 8), (30, 4, 10)]
+    assert [r.obs.shape for r in t.collect()[0]] == [(30, 2, 8), (30, 4, 10)]
     policy = t.train()
     assert isinstance(policy, MultiAgentPolicy)
     rows = _progress(tmp_path)
@@ -550,12 +550,13 @@ def test_continuous_actions_one_iteration(tmp_path: Path) -> None:
     )
     spec = t.groups[0].spec
     assert spec.action_kind == "box" and spec.action_shape == (5,)
+    [rollout], _ = t.collect()
+    assert rollout.actions.shape == (30, 6, 5)
+    assert rollout.actions.dtype == torch.float32
     t.train()
     [row] = _progress(tmp_path)
     for metric in ("loss_pi", "loss_v", "approx_kl", "entropy", "episode_return_mean"):
         assert math.isfinite(float(row[metric])), metric
-    assert t.rollouts[0].actions.shape == (30, 6, 5)
-    assert t.rollouts[0].actions.dtype == torch.float32
 
 
 # Checkpoints, metrics.
@@ -807,8 +808,8 @@ def test_advantages_are_normalized_over_the_groups_valid_rows() -> None:
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_simple_spread_preset_has_the_seed_kernels_settings() -> None:
-    config = trustrl.resolve(SPREAD)
+def test_simple_spread_kernel_preset_has_the_seed_kernels_settings() -> None:
+    config = trustrl.resolve(SPREAD, preset="relayrl-kernel")
     assert config.total_steps == 2_000_000
     assert config.env.kwargs == {"local_ratio": 0.5, "max_cycles": 25, "continuous_actions": False}
     assert config.policy.hidden_sizes == (64, 64) and config.policy.activation == "relu"

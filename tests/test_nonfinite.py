@@ -123,7 +123,7 @@ def test_a_run_without_a_successful_update_step_stops(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     failed = {"loss_pi": math.nan, "loss_v": math.nan, "nonfinite_skips": 4.0}
-    monkeypatch.setattr(Trainer, "_update", lambda self, progress: dict(failed))
+    monkeypatch.setattr(Trainer, "_update", lambda self, progress, *rollouts: dict(failed))
     trainer = Trainer(config(tmp_path / "run", at=10**9))
     with pytest.raises(
         TrainingError,
@@ -136,7 +136,7 @@ def test_a_run_without_a_successful_update_step_stops(
 def test_one_good_update_resets_the_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = iter(range(100))
 
-    def update(self: Trainer, progress: float) -> dict[str, float]:
+    def update(self: Trainer, progress: float, *rollouts: Any) -> dict[str, float]:
         good = next(calls) % FAILED_UPDATES_LIMIT == 0
         return {"loss_pi": 0.1 if good else math.nan, "loss_v": math.nan}
 
@@ -150,16 +150,15 @@ def test_one_good_update_resets_the_count(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_a_dropped_episode_ends_before_the_bad_step_and_is_not_reported() -> None:
+    from tests.collecting import collect
     from trustrl.collect import Collector
     from trustrl.envs import make_row_env
     from trustrl.policy import Policy
-    from trustrl.rollout import Rollout
 
     cfg = resolve(ENV, overrides={"env": {"num_envs": 1, "nonfinite": "drop", "kwargs": {"at": 5}}})
     collector = Collector(make_row_env(cfg), seed=0, gamma=0.99)
     policy = Policy(collector.spec)
-    rollout = Rollout.for_group(collector.groups[0], 16, 1)
-    stats = collector.collect(policy, rollout)
+    rollout, stats = collect(collector, policy, 16)
     valid, truncated = rollout.valid[:, 0].numpy(), rollout.truncated[:, 0].numpy()
     # The env's step 5 (t = 4) handed out NaN: the episode ends, truncated, at t = 3, and
     # t = 4 is its reset step; the new episode starts at t = 5 and ends at t = 14.

@@ -164,3 +164,78 @@ def test_update_and_scale_matches_step_by_step_calls() -> None:
         expected.append(float(stepwise.scale_array(np.array([v]))[0]))
     np.testing.assert_allclose(got, expected, rtol=1e-12)
     assert batched.count.item() == 4 and batched.var.item() == pytest.approx(stepwise.var.item())
+
+
+# The runner contract: runners send observation-statistics deltas, the learner merges.
+
+
+def _chunks(sizes: list[int], dim: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [
+        rng.normal(loc=10.0 * k - 4.0, scale=0.1 + 3 * k, size=(n, dim))
+        for k, n in enumerate(sizes)
+    ]
+
+
+@pytest.mark.parametrize(
+    "sizes", [[40], [1, 63], [5, 1, 300, 2, 17, 1, 9]], ids=["k=1", "k=2", "k=7"]
+)
+def test_merged_deltas_equal_the_statistics_of_the_concatenation(sizes: list[int]) -> None:
+    """Exact parallel Welford merge (Chan et al. 1979): to float64 rounding, chunks of
+    different sizes, a single row among them, merged in any grouping."""
+    from trustrl.normalize import RunningStats
+
+    chunks = _chunks(sizes, 4, seed=len(sizes))
+    data = np.concatenate(chunks)
+    deltas = [RunningStats.of(c) for c in chunks]
+    merged = deltas[0]
+    for delta in deltas[1:]:
+        merged = merged.merge(delta)
+    assert merged.count == len(data)
+    np.testing.assert_allclose(merged.mean, data.mean(0), rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(merged.var, data.var(0), rtol=1e-12, atol=1e-12)
+    # A tree of merges gives the same (the order the learner receives batches in).
+    tree = RunningStats.empty(4)
+    for delta in reversed(deltas):
+        tree = delta.merge(tree)
+    np.testing.assert_allclose(tree.mean, merged.mean, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(tree.m2, merged.m2, rtol=1e-12, atol=1e-12)
+
+    # Into the learner's normalizer, which started with data of its own.
+    start = _chunks([33], 4, seed=99)[0]
+    rms = RunningMeanStd(4)
+    rms.update(start)
+    for delta in deltas:
+        rms.merge(delta)
+    everything = np.concatenate([start, data])
+    assert rms.count.item() == len(everything)
+    np.testing.assert_allclose(rms.mean.numpy(), everything.mean(0), rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(rms.var.numpy(), everything.var(0), rtol=1e-12, atol=1e-12)
+
+
+def test_merging_an_empty_delta_changes_nothing_and_empty_stats_keep_unit_variance() -> None:
+    from trustrl.normalize import RunningStats
+
+    rms = RunningMeanStd(3)
+    rms.merge(RunningStats.empty(3))
+    assert rms.count.item() == 0
+    np.testing.assert_array_equal(rms.var.numpy(), np.ones(3))  # acts as the identity
+    rms.update(np.arange(6.0).reshape(2, 3))
+    mean, var = rms.mean.clone(), rms.var.clone()
+    rms.merge(RunningStats.of(np.zeros((0, 3))))
+    assert torch.equal(rms.mean, mean) and torch.equal(rms.var, var)
+    # The statistics a learner sends out are its own: merging them into a fresh one copies.
+    fresh = RunningMeanStd(3)
+    fresh.merge(rms.stats())
+    assert torch.equal(fresh.mean, rms.mean) and torch.equal(fresh.count, rms.count)
+    torch.testing.assert_close(fresh.var, rms.var, rtol=1e-15, atol=0)
+
+
+def test_merge_refuses_non_finite_statistics() -> None:
+    from trustrl.normalize import RunningStats
+
+    rms = RunningMeanStd(2)
+    bad = RunningStats.of(np.array([[1.0, np.nan], [2.0, 3.0]]))
+    with pytest.raises(ValueError, match="non-finite"):
+        rms.merge(bad)
+    assert rms.count.item() == 0

@@ -1,10 +1,17 @@
-"""The collector: steps policies through an environment of rows into rollouts.
+"""The collector: a policy snapshot in, a rollout batch out (the runner contract,
+contract.py).
 
 It owns everything that lives between iterations on the acting side (the env, the
 current observations, which rows are mid-reset, episode accumulators, the reward
-scaler and the sampling generator) and nothing of the learner's. It is handed the
-policies to act with, one per agent group; in-process those are the trainer's own
-objects, and a Ray runner will hold its own copies, refreshed from the learner.
+scaler and the sampling generator) and nothing of the learner's: it acts with the
+snapshot's numpy weights and a copy of its observation statistics, and reports what
+it saw as a statistics delta for the learner to merge. The same class runs in the
+trainer's process and inside a Ray runner.
+
+Observation statistics. By default (``obs_stats="rollout"``) the statistics that act
+are the snapshot's, frozen for the whole rollout, and the learner folds the delta in
+once per iteration. ``obs_stats="step"`` updates the acting copy at every step as
+well (SB3's ``VecNormalize`` habit); the delta and the learner's merge are the same.
 
 A row is trained on only when it is *valid*: its agent was acting (not finished while
 others play on) and the step was not the NEXT_STEP reset step after an episode end
@@ -13,33 +20,18 @@ others play on) and the step was not the NEXT_STEP reset step after an episode e
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from trustrl.envs import EnvState, GroupObs, GymRows, RowEnv
+from trustrl.config import Config, ObsStats
+from trustrl.contract import EpisodeStats, GroupBatch, PolicySnapshot, RolloutBatch
+from trustrl.envs import AgentGroup, EnvState, GroupObs, GymRows, RowEnv, make_row_env
 from trustrl.inference import Inference
-from trustrl.normalize import RunningMeanStd
-from trustrl.policy import Policy
-from trustrl.rollout import Rollout
+from trustrl.normalize import RunningMeanStd, RunningStats
 from trustrl.spaces import SpaceSpec
-
-
-@dataclass
-class EpisodeStats:
-    """Episodes that finished during one collect call, in raw (unscaled) reward.
-
-    One entry per finished (env, agent) episode; ``agents`` names the agent ("" for
-    single-agent envs).
-    """
-
-    returns: list[float] = field(default_factory=list)
-    lengths: list[int] = field(default_factory=list)
-    agents: list[str] = field(default_factory=list)
-    dropped: int = 0
-    """Episodes dropped for a non-finite value (env.nonfinite = "drop"), not reported."""
 
 
 class _Lane:
@@ -177,6 +169,48 @@ def _copy(array: np.ndarray | None) -> np.ndarray | None:
     return array.copy() if array is not None else None
 
 
+def _arrays(group: AgentGroup, steps: int, rows: int) -> dict[str, np.ndarray]:
+    """A rollout's (T, rows, ...) arrays for one group, by ``GroupBatch`` field name."""
+    spec = group.spec
+    action_dtype = np.float32 if spec.action_kind == "box" else np.int64
+    arrays = {
+        "obs": np.empty((steps, rows, spec.obs_dim), np.float32),
+        "actions": np.empty((steps, rows, *spec.action_shape), action_dtype),
+        "logprob": np.empty((steps, rows), np.float32),
+        "values": np.empty((steps, rows), np.float32),
+        "rewards": np.empty((steps, rows), np.float32),
+        "terminated": np.empty((steps, rows), bool),
+        "truncated": np.empty((steps, rows), bool),
+        "valid": np.ones((steps, rows), bool),
+    }
+    if group.critic_dim is not None:
+        arrays["critic_obs"] = np.empty((steps, rows, group.critic_dim), np.float32)
+    if spec.mask_dim is not None:
+        arrays["action_mask"] = np.ones((steps, rows, spec.mask_dim), bool)
+    return arrays
+
+
+class _Seen:
+    """The raw inputs a rollout's statistics take in, (T, rows, dim) with the (T, rows)
+    rows that count (agents still acting), for the delta sent to the learner."""
+
+    def __init__(self, steps: int, rows: int, obs_dim: int, critic_dim: int | None) -> None:
+        self.obs = np.empty((steps, rows, obs_dim), np.float32)
+        self.critic = np.empty((steps, rows, critic_dim), np.float32) if critic_dim else None
+        self.alive = np.ones((steps, rows), bool)
+
+    def record(self, t: int, lane: _Lane) -> None:
+        self.obs[t] = lane.obs
+        if self.critic is not None and lane.critic_obs is not None:
+            self.critic[t] = lane.critic_obs
+        if lane.alive is not None:
+            self.alive[t] = lane.alive
+
+    def deltas(self) -> tuple[RunningStats, RunningStats | None]:
+        critic = RunningStats.of(self.critic[self.alive]) if self.critic is not None else None
+        return RunningStats.of(self.obs[self.alive]), critic
+
+
 class Collector:
     def __init__(
         self,
@@ -185,10 +219,16 @@ class Collector:
         gamma: float,
         normalize_reward: bool = False,
         reward_clip: float = 10.0,
+        num_steps: int = 128,
+        obs_stats: ObsStats = "rollout",
+        name: str = "local",
     ) -> None:
         self.rows: RowEnv = GymRows(envs) if isinstance(envs, gym.vector.VectorEnv) else envs
         self.num_envs = self.rows.num_envs
         self.gamma = gamma
+        self.num_steps = num_steps
+        self.obs_stats = obs_stats
+        self.name = name
         self.rng = np.random.default_rng(seed)  # action sampling
         self.reward_scaler = RunningMeanStd((), clip=reward_clip) if normalize_reward else None
         observed = self.rows.reset(seed)
@@ -214,20 +254,28 @@ class Collector:
             lane.observe(observed)
             lane.clear()
 
-    def collect(
-        self,
-        policies: Policy | list[Policy],
-        rollouts: Rollout | list[Rollout],
-        train: bool = True,
-    ) -> EpisodeStats:
-        """Fill every row of every group's rollout; with ``train``, update the normalizers."""
-        policies = [policies] if isinstance(policies, Policy) else policies
-        rollouts = [rollouts] if isinstance(rollouts, Rollout) else rollouts
-        # A weight snapshot per group (see inference.py) and numpy views of the rollouts'
-        # tensors: every per-step write below is a numpy write into the rollout's memory.
-        inferences = [Inference(policy) for policy in policies]
-        views = [rollout.numpy_views() for rollout in rollouts]
-        num_steps = rollouts[0].num_steps
+    def collect(self, snapshot: PolicySnapshot, train: bool = True) -> RolloutBatch:
+        """``num_steps`` steps of every env with the snapshot's policies, one per group.
+        With ``train``, the reward scaler learns and the batch carries the observation
+        statistics delta; without (an evaluation-like pass), neither."""
+        # Numpy weights and acting copies of the statistics, from the snapshot alone.
+        inferences = [Inference(group) for group in snapshot.groups]
+        if len(inferences) != len(self.lanes):
+            raise ValueError(
+                f"the snapshot holds {len(inferences)} policies for {len(self.lanes)} groups"
+            )
+        num_steps = self.num_steps
+        views = [
+            _arrays(group, num_steps, len(lane.agent))
+            for group, lane in zip(self.groups, self.lanes, strict=True)
+        ]
+        update_stats = train and self.obs_stats == "step"
+        seen = [
+            _Seen(num_steps, len(lane.agent), group.spec.obs_dim, group.critic_dim)
+            if train and inference.obs_normalizer is not None
+            else None
+            for group, lane, inference in zip(self.groups, self.lanes, inferences, strict=True)
+        ]
         # Per step only what acting needs: the inputs, the actor, the action, and the env's
         # raw outcome. The random draws come in one call per rollout; log-probabilities,
         # values, validity, episodes and reward scaling are settled per rollout, as
@@ -239,12 +287,13 @@ class Collector:
         ]
         raw = [_RawSteps(num_steps, len(lane.agent)) for lane in self.lanes]
         for t in range(num_steps):
-            actions = [
-                self._act(lane, inference, view, act, t, train)
-                for lane, inference, view, act in zip(
-                    self.lanes, inferences, views, acting, strict=True
-                )
-            ]
+            actions = []
+            for lane, inference, view, act, record in zip(
+                self.lanes, inferences, views, acting, seen, strict=True
+            ):
+                if record is not None:
+                    record.record(t, lane)
+                actions.append(self._act(lane, inference, view, act, t, update_stats))
             observed, steps = self.rows.step(actions)
             for lane, out, step, after in zip(self.lanes, raw, steps, observed, strict=True):
                 out.reward[t] = step.reward
@@ -255,14 +304,34 @@ class Collector:
                     _drop(lane, out, t, step.dropped)
 
         stats = EpisodeStats()
-        for lane, inference, rollout, view, act, out in zip(
-            self.lanes, inferences, rollouts, views, acting, raw, strict=True
+        groups = []
+        for lane, inference, view, act, out, record in zip(
+            self.lanes, inferences, views, acting, raw, seen, strict=True
         ):
             act.finish(view)
             self._settle(lane, view, out, stats, train)
             x, critic_x = self._inputs(lane, inference, update=False)
-            rollout.last_value.numpy()[:] = inference.value(x, critic_x, lane.agent)
-        return stats
+            obs_delta, critic_delta = record.deltas() if record is not None else (None, None)
+            groups.append(
+                GroupBatch(
+                    obs=view["obs"],
+                    critic_obs=view.get("critic_obs"),
+                    actions=view["actions"],
+                    logprob=view["logprob"],
+                    values=view["values"],
+                    rewards=view["rewards"],
+                    terminated=view["terminated"],
+                    truncated=view["truncated"],
+                    valid=view["valid"],
+                    action_mask=view.get("action_mask"),
+                    last_value=inference.value(x, critic_x, lane.agent).astype(np.float32),
+                    obs_delta=obs_delta,
+                    critic_delta=critic_delta,
+                )
+            )
+        return RolloutBatch(
+            tuple(groups), stats, snapshot.version, self.name, num_steps * self.num_envs
+        )
 
     def _inputs(
         self,
@@ -314,8 +383,6 @@ class Collector:
         """The rollout's validity, rewards and endings from the raw steps; the episodes that
         ended, in step order; the reward scaling, step by step as it would have run live."""
         valid = view["valid"]  # (T, rows): alive, from _act (every row of a Gymnasium env)
-        if lane.alive is None:
-            valid[:] = True
         # A row's step is the reset step (not trained on) after it ended. An env reports
         # no reward and no ending on a reset step or for a finished agent's row; the
         # masks below make sure of it.
@@ -416,3 +483,20 @@ class Collector:
 
     def close(self) -> None:
         self.rows.close()
+
+
+def make_collector(config: Config, seed: int, num_envs: int, name: str = "local") -> Collector:
+    """The collector of a run, over ``num_envs`` of its environments: the trainer's own
+    (all of them) or one Ray runner's share."""
+    local = replace(config, runners=0, envs_per_runner=None)
+    local = replace(local, env=replace(config.env, num_envs=num_envs))
+    return Collector(
+        make_row_env(local),
+        seed,
+        gamma=config.rollout.gamma,
+        normalize_reward=config.env.normalize_reward,
+        reward_clip=config.env.reward_clip,
+        num_steps=config.rollout.num_steps,
+        obs_stats=config.env.obs_stats,
+        name=name,
+    )

@@ -5,8 +5,9 @@ refused where it is built, with a message that names the field, the value and wh
 is allowed. Derived sizes are properties and never written back.
 
 Resolution order for ``trustrl train ENV_ID``: the dataclass defaults, then the
-preset shipped for ``ENV_ID`` and the algorithm (``trustrl/presets/<algo>/<env>.toml``),
-then the user's ``--config FILE``, then command-line flags.
+preset shipped for ``ENV_ID`` and the algorithm (``trustrl/presets/<algo>/<env>.toml``, or
+with ``--preset NAME`` the named one, ``trustrl/presets/<algo>/<env>/<NAME>.toml``), then
+the user's ``--config FILE``, then command-line flags.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 Activation = Literal["tanh", "relu"]
 Backend = Literal["auto", "sync", "async", "vector"]
+ObsStats = Literal["rollout", "step"]
 Algo = Literal["ppo", "trpo"]
 ActorMode = Literal["shared", "per_agent"]
 CriticInput = Literal["global", "agent_state", "agent_centric", "local"]
@@ -175,6 +177,8 @@ class EnvConfig:
     """Normalized observations are clipped to [-obs_clip, obs_clip]."""
     reward_clip: float = 10.0
     """Scaled rewards are clipped to [-reward_clip, reward_clip]."""
+    obs_stats: ObsStats = "rollout"
+    """When the observation statistics that act are updated: rollout (the policy snapshot's, frozen for a rollout; the learner merges what the rollout saw once per iteration) or step (the collector's copy also takes in every step, as SB3's VecNormalize does)."""
     nonfinite: NonFinite = "error"
     """A NaN or infinite observation or reward from the env: error (stop the run, naming the env, row, step and entries) or drop (end that episode there, untrained from the bad step on and not reported, reset its env and go on; counted in dropped_episodes; sync and async backends, Gymnasium envs)."""
 
@@ -182,6 +186,7 @@ class EnvConfig:
         _check_types(self, "env.")
         _check_int("env.num_envs", self.num_envs, 1)
         _check_choice("env.backend", self.backend, get_args(Backend))
+        _check_choice("env.obs_stats", self.obs_stats, get_args(ObsStats))
         _require(isinstance(self.kwargs, dict), f"env.kwargs must be a table, got {self.kwargs!r}")
         _check_positive("env.obs_clip", self.obs_clip)
         _check_positive("env.reward_clip", self.reward_clip)
@@ -270,8 +275,8 @@ class PPOConfig:
     """Stop the policy epochs before a step whose measured KL exceeds this (unset: never)."""
     norm_adv: bool = True
     """Normalize advantages per minibatch."""
-    critic_process: bool = True
-    """Compute the critic's share of each minibatch step in a second process, beside the actor's (numpy gradients, Linux, 2+ CPUs): identical results, faster updates. Turn off when other work keeps every core busy."""
+    critic_process: bool = False
+    """Compute the critic's share of each minibatch step in a forked second process that polls while an update runs (numpy gradients, Linux, 2+ CPUs): identical results, faster updates where a core is otherwise idle. Off by default: forking without exec is unsafe beside threads (notebooks, Ray actors) and the poll takes a core (docs/performance.md)."""
 
     @property
     def separate_optimizers(self) -> bool:
@@ -392,6 +397,16 @@ class Config:
     """Also evaluate deterministically every this many iterations (0: only at the end)."""
     target_return: float | None = None
     """Stop early once a deterministic evaluation (of eval_episodes episodes; none when it is 0) reaches this mean return. Evaluations for it run when the mean of the last 20 training episodes reaches it too."""
+    runners: int = 0
+    """Rollout runners as Ray actors (0: every env in this process, no Ray). Needs pip install 'trustrl[ray]'."""
+    envs_per_runner: int | None = None
+    """Environments on each runner (unset: env.num_envs split evenly over the runners)."""
+    ray_address: str | None = None
+    """Ray cluster to join (unset: start a local, loopback-only instance for the run)."""
+    runner_timeout: float = 120.0
+    """Seconds a runner may take for one rollout before it is replaced."""
+    runner_failures: int = 3
+    """Stop the run after this many runner failures in a row."""
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -400,8 +415,20 @@ class Config:
     multiagent: MultiAgentConfig = field(default_factory=MultiAgentConfig)
 
     @property
+    def num_envs(self) -> int:
+        """Environments over all runners: each contributes a row (per agent) to a rollout."""
+        if self.runners and self.envs_per_runner:
+            return self.runners * self.envs_per_runner
+        return self.env.num_envs
+
+    @property
+    def runner_envs(self) -> int:
+        """Environments on each runner."""
+        return self.num_envs // max(self.runners, 1)
+
+    @property
     def batch_size(self) -> int:
-        return self.env.num_envs * self.rollout.num_steps
+        return self.num_envs * self.rollout.num_steps
 
     @property
     def num_iterations(self) -> int:
@@ -423,6 +450,17 @@ class Config:
         _check_int("checkpoint_every", self.checkpoint_every, 1)
         _check_int("checkpoint_keep", self.checkpoint_keep, 1)
         _check_int("eval_every", self.eval_every, 0)
+        _check_int("runners", self.runners, 0)
+        if self.envs_per_runner is not None:
+            _check_int("envs_per_runner", self.envs_per_runner, 1)
+        if self.runners and not self.envs_per_runner:
+            _require(
+                self.env.num_envs % self.runners == 0,
+                f"env.num_envs ({self.env.num_envs}) must be a multiple of runners "
+                f"({self.runners}), or set envs_per_runner",
+            )
+        _check_positive("runner_timeout", self.runner_timeout)
+        _check_int("runner_failures", self.runner_failures, 1)
         if self.target_return is not None:
             _require(
                 _is_number(self.target_return),
@@ -435,7 +473,7 @@ class Config:
         )
         _require(
             minibatches <= self.batch_size,
-            f"{name} must be <= env.num_envs x rollout.num_steps = {self.batch_size}, "
+            f"{name} must be <= environments x rollout.num_steps = {self.batch_size}, "
             f"got {minibatches}",
         )
 
@@ -525,19 +563,70 @@ def preset_name(env_id: str) -> str:
     return env_id.replace(":", "_").replace("/", "_")
 
 
-def preset_table(algo: str, env_id: str) -> dict[str, Any] | None:
-    """The tuned preset shipped for this algorithm and env, if there is one."""
-    resource = resources.files("trustrl").joinpath("presets", algo, f"{preset_name(env_id)}.toml")
-    if not resource.is_file():
-        return None
-    return tomllib.loads(resource.read_text())
+def _preset_folder(algo: str) -> Any:
+    return resources.files("trustrl").joinpath("presets", algo)
+
+
+def _read_preset(resource: Any) -> dict[str, Any]:
+    """A preset file's settings; its ``env_id`` key only names the env (see PresetInfo)."""
+    table = tomllib.loads(resource.read_text())
+    table.pop("env_id", None)
+    return table
+
+
+def preset_table(algo: str, env_id: str, name: str | None = None) -> dict[str, Any] | None:
+    """The preset shipped for this algorithm and env, if there is one: the default
+    (``presets/<algo>/<env>.toml``), or the named one (``presets/<algo>/<env>/<name>.toml``)."""
+    stem = preset_name(env_id)
+    folder = _preset_folder(algo)
+    resource = folder.joinpath(f"{stem}.toml") if name is None else folder / stem / f"{name}.toml"
+    return _read_preset(resource) if resource.is_file() else None
+
+
+@dataclass(frozen=True)
+class PresetInfo:
+    """One env's shipped presets for one algorithm, as a user names them."""
+
+    algo: str
+    env_id: str
+    """The id typed on the command line (``mpe2:simple_spread_v3``, not the file's stem)."""
+    named: tuple[str, ...]
+    """Named presets besides the default, selected with ``--preset NAME``."""
+
+
+def list_presets(algo: str | None = None) -> list[PresetInfo]:
+    """Every shipped preset, by algorithm and env id.
+
+    A file's stem is the env id with ``:`` and ``/`` replaced (``preset_name``); where
+    that changes the id, the file says the id in an ``env_id`` key."""
+    found = []
+    for algo_folder in sorted(resources.files("trustrl").joinpath("presets").iterdir(), key=str):
+        if not algo_folder.is_dir() or (algo is not None and algo_folder.name != algo):
+            continue
+        for entry in sorted(algo_folder.iterdir(), key=lambda e: e.name):
+            if not entry.name.endswith(".toml"):
+                continue
+            stem = entry.name.removesuffix(".toml")
+            env_id = tomllib.loads(entry.read_text()).get("env_id", stem)
+            named_folder = algo_folder / stem
+            named = (
+                tuple(
+                    sorted(
+                        p.name.removesuffix(".toml")
+                        for p in named_folder.iterdir()
+                        if p.name.endswith(".toml")
+                    )
+                )
+                if named_folder.is_dir()
+                else ()
+            )
+            found.append(PresetInfo(algo_folder.name, env_id, named))
+    return found
 
 
 def available_presets(algo: str) -> list[str]:
-    folder = resources.files("trustrl").joinpath("presets", algo)
-    return sorted(
-        p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml")
-    )
+    """The env ids with a default preset for ``algo``."""
+    return [info.env_id for info in list_presets(algo)]
 
 
 def resolve(
@@ -545,12 +634,23 @@ def resolve(
     algo: str = "ppo",
     config_file: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
+    preset: str | None = None,
 ) -> Config:
-    """Defaults <- preset for (algo, env) <- config file <- overrides."""
+    """Defaults <- preset for (algo, env) <- config file <- overrides.
+
+    ``preset`` names one of the env's named presets (``trustrl presets`` lists them),
+    used in place of its default preset."""
     table: dict[str, Any] = {"env_id": env_id, "algo": algo}
-    preset = preset_table(algo, env_id)
-    if preset is not None:
-        table = merge(table, preset)
+    settings = preset_table(algo, env_id, preset)
+    if preset is not None and settings is None:
+        named = next(
+            (i.named for i in list_presets(algo) if preset_name(i.env_id) == preset_name(env_id)),
+            (),
+        )
+        choices = f"choose from {', '.join(named)}" if named else "it has none"
+        raise ConfigError(f"no preset {preset!r} for {algo} on {env_id}; {choices}")
+    if settings is not None:
+        table = merge(table, settings)
     if config_file is not None:
         table = merge(table, read_toml(config_file))
     if overrides:

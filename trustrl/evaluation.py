@@ -138,7 +138,7 @@ class _Actor:
     """``Policy.act`` on a batch of raw observations, in numpy (``Inference``)."""
 
     def __init__(self, policy: Policy, deterministic: bool, seed: int) -> None:
-        self.inference = Inference(policy)
+        self.inference = Inference.of(policy)
         self.spec = policy.spec
         self.deterministic = deterministic
         self.rng = np.random.default_rng(seed)  # the draws of a stochastic evaluation

@@ -7,10 +7,11 @@ arrays costs about a microsecond per op, so this is the one path the collector a
 with; the update keeps torch, for autograd. ``tests/test_inference.py`` checks that
 both give the same log-probabilities and values.
 
-A snapshot is taken by ``Inference(policy)`` (weights pre-transposed for ``x @ W``) and
-is what a remote runner holds between weight refreshes. It takes observations already
-normalized (``RunningMeanStd.normalize_array``, whose statistics the collector updates every
-step); the value normalizer's statistics are read live from the policy's buffers.
+``Inference(snapshot)`` is built from a policy snapshot (contract.py: numpy weights,
+pre-transposed here for ``x @ W``, and normalizer statistics), never from the learner's
+modules, so it is what a runner in another process holds between snapshots. It takes
+observations already normalized by its own copy of the observation statistics
+(``obs_normalizer``), frozen for a rollout unless the collector updates it per step.
 
 Per env step only the actor runs (``act``); the log-probabilities and the critic run once
 per rollout on what the steps stored (``log_prob``, ``value``). An earlier version fused
@@ -20,22 +21,16 @@ saved nothing and is gone.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
-from torch import nn
 
-from trustrl.distributions import (
-    LOG_SQRT_2PI,
-    MASKED_LOGIT,
-    CategoricalHead,
-    DiagGaussianHead,
-    MultiCategoricalHead,
-    StackedLinear,
-    log_softmax_array,
-    tanh_array,
-)
-from trustrl.policy import StackedMLP
+from trustrl.contract import GroupSnapshot
+from trustrl.distributions import LOG_SQRT_2PI, MASKED_LOGIT, log_softmax_array, tanh_array
+from trustrl.normalize import RunningMeanStd
+
+if TYPE_CHECKING:
+    from trustrl.policy import Policy
 
 _LOG_SQRT_2PI = np.float32(LOG_SQRT_2PI)
 
@@ -44,20 +39,18 @@ class _Linear:
     """y = x @ W + b for one layer, W (in, out); a stacked layer holds every agent's weights
     as (in, A * out) and biases as (A, out), and picks each row's agent's output."""
 
-    def __init__(self, weight: np.ndarray, bias: np.ndarray, stacked: bool = False) -> None:
-        self.weight, self.bias, self.stacked = weight, bias, stacked
-        self.out = bias.shape[-1]
-
-    @classmethod
-    def of(cls, layer: nn.Module) -> _Linear:
-        """A snapshot of an nn.Linear or StackedLinear (copies, pre-transposed)."""
-        weight = layer.weight.detach().numpy()  # type: ignore[operator]
-        bias = layer.bias.detach().numpy().copy()  # type: ignore[operator]
-        if isinstance(layer, StackedLinear):
+    def __init__(self, weight: np.ndarray, bias: np.ndarray) -> None:
+        """From a layer's weights as torch stores them: (out, in) and (out,), or stacked
+        per agent (A, out, in) and (A, out). Copied, pre-transposed for ``x @ W``."""
+        self.stacked = weight.ndim == 3
+        if self.stacked:
             agents, out, inp = weight.shape
             # (in, A * out): one matmul gives every agent's output for every row.
-            return cls(weight.transpose(2, 0, 1).reshape(inp, agents * out).copy(), bias, True)
-        return cls(weight.T.copy(), bias)  # (in, out), C order
+            self.weight = weight.transpose(2, 0, 1).reshape(inp, agents * out).copy()
+        else:
+            self.weight = weight.T.copy()  # (in, out), C order
+        self.bias = bias.copy()
+        self.out = bias.shape[-1]
 
     def __call__(self, x: np.ndarray, agent: np.ndarray | None) -> np.ndarray:
         y = x @ self.weight
@@ -69,10 +62,13 @@ class _Linear:
         return y.reshape(len(x), -1, self.out)[rows, agent] + self.bias[agent]
 
 
-def _mlp(module: nn.Module) -> list[_Linear]:
-    if isinstance(module, StackedMLP):
-        return [_Linear.of(layer) for layer in module.layers]
-    return [_Linear.of(layer) for layer in module.modules() if isinstance(layer, nn.Linear)]
+def _layers(weights: dict[str, np.ndarray], prefix: str) -> list[_Linear]:
+    """The linear layers under ``prefix`` in the order the module holds them (a
+    ``state_dict`` keeps registration order: input layer first)."""
+    names = [
+        k[: -len(".weight")] for k in weights if k.startswith(prefix) and k.endswith(".weight")
+    ]
+    return [_Linear(weights[f"{n}.weight"], weights[f"{n}.bias"]) for n in names]
 
 
 def _log_softmax(logits: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
@@ -97,40 +93,61 @@ class Inference:
     ``step`` chains them for a single batch of rows.
     """
 
-    def __init__(self, policy: Any) -> None:
-        self.policy = policy
-        # The modules the collector reads every step, looked up once (nn.Module's
-        # attribute lookup for submodules costs about a microsecond each).
-        self.obs_normalizer = policy.obs_normalizer
-        self.critic_normalizer = policy.critic_normalizer
-        self.value_normalizer = policy.value_normalizer
-        self.per_agent = policy.per_agent
-        self.activation = tanh_array if policy.config.activation == "tanh" else _relu
-        self.actor = _mlp(policy.actor)
-        self.head = _Linear.of(policy.head.linear)
-        self.critic = _mlp(policy.critic)
-        head = policy.head
+    def __init__(self, snapshot: GroupSnapshot) -> None:
+        """Acting state from a snapshot: no torch module is read, none is written."""
+        description, weights = snapshot.description, snapshot.weights
+        spec = description["spec"]
+        self.num_agents = description.get("num_agents", 1)
+        self.per_agent = description.get("per_agent", False)
+        self.agent_id = description.get("agent_id", False)
+        obs_clip = description["obs_clip"]
+        # Acting copies of the learner's statistics: the collector may update these (per
+        # step collection) without touching the learner's.
+        obs_stats, critic_stats = (
+            snapshot.stats("obs_normalizer"),
+            snapshot.stats("critic_normalizer"),
+        )
+        self.obs_normalizer = RunningMeanStd.of_stats(obs_stats, obs_clip) if obs_stats else None
+        self.critic_normalizer = (
+            RunningMeanStd.of_stats(critic_stats, obs_clip) if critic_stats else None
+        )
+        value = snapshot.stats("value_normalizer")
+        # Value normalization: the critic's output in return units is raw * std + mean.
+        self.value_scale = (
+            (np.sqrt(value.var).astype(np.float32), value.mean.astype(np.float32))
+            if value is not None
+            else None
+        )
+        activation = description["policy"]["activation"]
+        self.activation = tanh_array if activation == "tanh" else _relu
+        self.actor = _layers(weights, "actor.")
+        self.head = _Linear(weights["head.linear.weight"], weights["head.linear.bias"])
+        self.critic = _layers(weights, "critic.")
         self.width = self.head.out  # head outputs per row: logits, or the Gaussian means
-        if isinstance(head, DiagGaussianHead):
+        if spec["action_kind"] == "box":
             self.kind = "gaussian"
-            self.log_std = head.log_std.detach().numpy().copy()
+            self.log_std = weights["head.log_std"].copy()
             self.std = np.exp(self.log_std)
             # log N(a; mu, std) = -z.z / 2 - (sum(log std) + k log sqrt(2 pi)), where z is
             # the standard normal draw that made a = mu + std z: the constant per agent.
             k = self.log_std.shape[-1]
             self.log_norm = self.log_std.sum(-1) + k * _LOG_SQRT_2PI
-        elif isinstance(head, MultiCategoricalHead):
+        elif spec["action_kind"] == "multidiscrete":
             self.kind = "multi"
-            self.splits = np.cumsum(head.nvec)[:-1]
+            self.splits = np.cumsum(spec["nvec"])[:-1]
         else:
-            assert isinstance(head, CategoricalHead)
             self.kind = "categorical"
 
+    @classmethod
+    def of(cls, policy: Policy) -> Inference:
+        """A snapshot of ``policy`` as it is now."""
+        return cls(GroupSnapshot.of(policy))
+
     def _with_id(self, x: np.ndarray, agent: np.ndarray | None) -> np.ndarray:
-        if not self.policy.agent_id:
+        if not self.agent_id:
             return x
         assert agent is not None
-        one_hot = np.zeros((len(x), self.policy.num_agents), dtype=np.float32)
+        one_hot = np.zeros((len(x), self.num_agents), dtype=np.float32)
         one_hot[np.arange(len(x)), agent] = 1.0
         return np.concatenate([x, one_hot], -1)
 
@@ -244,11 +261,10 @@ class Inference:
         return self.critic[-1](hidden, None)[:, 0]
 
     def _denormalize(self, raw: np.ndarray) -> np.ndarray:
-        norm = self.value_normalizer
-        if norm is None:
+        if self.value_scale is None:
             return raw
-        mean, var, _ = norm.arrays()
-        return raw * np.sqrt(var).astype(np.float32) + mean.astype(np.float32)
+        std, mean = self.value_scale
+        return raw * std + mean
 
 
 def _relu(x: np.ndarray) -> np.ndarray:

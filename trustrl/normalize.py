@@ -10,10 +10,61 @@ inputs). The same class scales rewards by the spread of the discounted return.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class RunningStats:
+    """Count, mean and M2 (the sum of squared deviations from the mean) of some rows, in
+    float64: what a runner sends the learner about the observations it saw.
+
+    Statistics of separate chunks merge exactly into those of the concatenation (Chan,
+    Golub and LeVeque 1979): M2 adds, plus a term for the distance between the means.
+    Merging variances instead loses that term (RLlib's connector statistics needed the
+    same fix in 2025).
+    """
+
+    count: float
+    mean: np.ndarray  # (*shape,) float64
+    m2: np.ndarray  # (*shape,) float64
+
+    @classmethod
+    def empty(cls, shape: tuple[int, ...] | int = ()) -> RunningStats:
+        return cls(0.0, np.zeros(shape), np.zeros(shape))
+
+    @classmethod
+    def of(cls, rows: np.ndarray) -> RunningStats:
+        """The statistics of ``rows`` (n, *shape)."""
+        rows = np.asarray(rows, dtype=np.float64)
+        if len(rows) == 0:
+            return cls.empty(rows.shape[1:])
+        mean = rows.mean(0)
+        centered = rows - mean
+        return cls(float(len(rows)), mean, (centered * centered).sum(0))
+
+    @property
+    def var(self) -> np.ndarray:
+        """The population variance (ones before any row: normalizing is then the identity)."""
+        return self.m2 / self.count if self.count > 0 else np.ones_like(self.m2)
+
+    def merge(self, other: RunningStats) -> RunningStats:
+        """The statistics of both sets of rows together."""
+        if other.count == 0:
+            return self
+        if self.count == 0:
+            return other
+        total = self.count + other.count
+        delta = other.mean - self.mean
+        mean = self.mean + delta * (other.count / total)
+        m2 = self.m2 + other.m2 + delta * delta * (self.count * other.count / total)
+        return RunningStats(total, mean, m2)
+
+    def is_finite(self) -> bool:
+        return bool(np.isfinite(self.mean).all() and np.isfinite(self.m2).all())
 
 
 class RunningMeanStd(nn.Module):
@@ -84,6 +135,30 @@ class RunningMeanStd(nn.Module):
             var += batch_var * (n / total) + delta * delta * (old * n / (total * total))
         mean += delta * (n / total)
         count[...] = total
+
+    def stats(self) -> RunningStats:
+        """A copy of the statistics, for a policy snapshot."""
+        mean, var, count = self.arrays()
+        n = float(count)
+        return RunningStats(n, mean.copy(), var * n)
+
+    def merge(self, delta: RunningStats) -> None:
+        """Fold in the statistics of rows seen elsewhere (a runner's delta): the learner's
+        one way of taking in observations. A non-finite delta is refused whole, so the
+        statistics never turn NaN."""
+        if not delta.is_finite():
+            raise ValueError("non-finite observation statistics: refusing to merge them")
+        mean, var, count = self.arrays()
+        merged = self.stats().merge(delta)
+        mean[...], var[...], count[...] = merged.mean, merged.var, merged.count
+
+    @classmethod
+    def of_stats(cls, stats: RunningStats, clip: float, epsilon: float = 1e-8) -> RunningMeanStd:
+        """A normalizer holding ``stats`` (a runner's acting copy of the learner's)."""
+        norm = cls(stats.mean.shape, clip=clip, epsilon=epsilon)
+        mean, var, count = norm.arrays()
+        mean[...], var[...], count[...] = stats.mean, stats.var, stats.count
+        return norm
 
     def update_scalar(self, x: float) -> None:
         """``update`` with one number, for scalar statistics: Python floats throughout, so

@@ -4,11 +4,11 @@ Why not ``torch.optim.Adam``: constructing any ``torch.optim.Optimizer`` imports
 ``torch._dynamo``, which costs 2-3 s on this project's 2-core machines, longer than a
 whole CartPole training run; and on CPU its per-parameter (or per-tensor ``foreach``)
 ops dominate a small network's step (see docs/performance.md). This class keeps the
-weights and moments in flat tensors and steps them with one call of ATen's fused Adam
-kernel (the arithmetic of ``torch.optim.Adam(fused=True)``); ``tests/test_optim.py``
-checks it step for step against ``torch.optim.Adam``. It keeps torch's attribute names
-(``param_groups``, ``state``) and ``state_dict`` layout, so checkpoints written with
-either load in both.
+weights and moments in flat tensors and steps them with a handful of public in-place
+torch ops on those (the arithmetic of ``torch.optim.Adam``'s single-tensor CPU path);
+``tests/test_optim.py`` checks it step for step against ``torch.optim.Adam``. It keeps
+torch's attribute names (``param_groups``, ``state``) and ``state_dict`` layout, so
+checkpoints written with either load in both.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ class Adam:
 
     At construction (and after ``grow``) the parameters' storage is moved into one
     contiguous tensor, each parameter becoming a view of its slice, and the moments are
-    flat tensors too. A step is then one fused kernel call on three flat tensors,
-    whatever the number of parameters: on CPU, ``torch._foreach_*`` still pays dispatch
-    per tensor. ``state[p]`` holds views of the flat moments, in torch's layout.
+    flat tensors too. A step is then seven ops on three flat tensors, whatever the
+    number of parameters: on CPU, ``torch._foreach_*`` still pays dispatch per tensor.
+    ``state[p]`` holds views of the flat moments, in torch's layout.
 
     One difference from torch.optim.Adam: within a step where some but not all
     parameters have a gradient, the others are stepped with a zero gradient (their
@@ -72,8 +72,7 @@ class Adam:
         self.sizes = [p.numel() for p in params]
         for p, view in zip(params, self.views(self.flat), strict=True):
             p.data = view
-        # The step count as the fused kernel reads it (see ``step``).
-        self._step_count = torch.zeros((), dtype=self.flat.dtype)
+        self._denom = torch.empty_like(self.flat)  # the step's denominator, reused
 
     def views(self, flat: Tensor) -> list[Tensor]:
         """A flat tensor cut into one view per parameter, shaped like it."""
@@ -115,35 +114,25 @@ class Adam:
     def step(self, grad: Tensor | None = None) -> None:
         """One step on ``grad`` (flat, as ``flat_grad`` gives it; default: the .grads).
 
-        One call of ``torch._fused_adam_`` on the flat tensors: ATen's fused CPU kernel,
-        the one ``torch.optim.Adam(fused=True)`` calls, without the Optimizer class (see
-        the module docstring). It reads the step count and does not advance it. On a
-        CartPole network's 9k weights it takes about 8 µs, where the same arithmetic as a
-        dozen numpy calls on views took about 30 (``docs/performance.md``, round 8).
+        The arithmetic of ``torch.optim.Adam``'s single-tensor path, op for op, on the
+        flat tensors (public ops only; ATen's fused kernel is reachable only through a
+        private function or the Optimizer class, see the module docstring).
         """
         if grad is None:
             grad = self.flat_grad()
             if grad is None:
                 return
         group = self.param_groups[0]
-        (beta1, beta2), eps = group["betas"], group["eps"]
+        (beta1, beta2), eps, lr = group["betas"], group["eps"], group["lr"]
         self.steps += 1
-        self._step_count.fill_(self.steps)
-        torch._fused_adam_(
-            [self.flat],
-            [grad],
-            [self.exp_avg],
-            [self.exp_avg_sq],
-            [],
-            [self._step_count],
-            lr=group["lr"],
-            beta1=beta1,
-            beta2=beta2,
-            weight_decay=0.0,
-            eps=eps,
-            amsgrad=False,
-            maximize=False,
-        )
+        with torch.no_grad():
+            self.exp_avg.lerp_(grad, 1.0 - beta1)
+            self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+            bias_correction1 = 1.0 - beta1**self.steps
+            bias_correction2_sqrt = math.sqrt(1.0 - beta2**self.steps)
+            denom = torch.sqrt(self.exp_avg_sq, out=self._denom)
+            denom.div_(bias_correction2_sqrt).add_(eps)
+            self.flat.addcdiv_(self.exp_avg, denom, value=-lr / bias_correction1)
 
     def grow(self, grown: list[tuple[nn.Parameter, nn.Parameter, int]]) -> None:
         """After ``Policy.register_agent`` replaced parameters with grown ones (old, new,

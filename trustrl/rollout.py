@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
+    from trustrl.contract import GroupBatch
     from trustrl.envs import AgentGroup
 
 
@@ -112,13 +113,24 @@ class Rollout:
             group.num_agents,
         )
 
-    def numpy_views(self) -> dict[str, np.ndarray]:
-        """Zero-copy numpy views of the tensors the collector writes, by attribute name."""
-        names = [
-            *("obs", "critic_obs", "actions", "logprob", "values", "rewards"),
-            *("terminated", "truncated", "valid", "action_mask"),
-        ]
-        return {n: getattr(self, n).numpy() for n in names if getattr(self, n) is not None}
+    @classmethod
+    def from_batch(cls, batch: GroupBatch, num_agents: int = 1) -> Rollout:
+        """The learner's rollout over a runner's arrays (zero-copy where the dtypes agree:
+        the endings become float flags for GAE)."""
+        steps, rows = batch.valid.shape
+        rollout = cls.__new__(cls)
+        rollout.num_steps, rollout.num_rows = steps, rows
+        rollout.agent = torch.arange(rows) % num_agents
+        for name in ("obs", "actions", "logprob", "values", "rewards", "valid", "last_value"):
+            setattr(rollout, name, torch.from_numpy(getattr(batch, name)))
+        for name in ("critic_obs", "action_mask"):
+            array = getattr(batch, name)
+            setattr(rollout, name, torch.from_numpy(array) if array is not None else None)
+        rollout.terminated = torch.from_numpy(batch.terminated.astype(np.float32))
+        rollout.truncated = torch.from_numpy(batch.truncated.astype(np.float32))
+        rollout.advantages = torch.zeros((steps, rows))
+        rollout.returns = torch.zeros((steps, rows))
+        return rollout
 
     def compute_advantages(self, gamma: float, lam: float) -> None:
         values = self.values.numpy()

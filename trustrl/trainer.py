@@ -36,9 +36,10 @@ from trustrl.checkpoint import (
     write_atomic,
     write_snapshot,
 )
-from trustrl.collect import Collector, EpisodeStats
+from trustrl.collect import make_collector
 from trustrl.config import Config, config_from_dict, config_to_dict
-from trustrl.envs import NonFiniteError, make_row_env
+from trustrl.contract import EpisodeStats, PolicySnapshot, RolloutBatch, Runner
+from trustrl.envs import NonFiniteError
 from trustrl.evaluation import EvalResult, evaluate
 from trustrl.logging import ProgressBar, ProgressFile, TensorBoardWriter, truncate_progress
 from trustrl.multiagent import MultiAgentPolicy
@@ -171,12 +172,11 @@ class Trainer:
         threadpool_limits(config.torch_threads, user_api="blas")
         torch.manual_seed(config.seed)
 
-        self.collector = Collector(
-            make_row_env(config),
-            config.seed,
-            gamma=config.rollout.gamma,
-            normalize_reward=config.env.normalize_reward,
-            reward_clip=config.env.reward_clip,
+        # Where the envs run: this process, or Ray runners (the same collector in actors).
+        self.collector: Runner = (
+            make_collector(config, config.seed, config.num_envs)
+            if config.runners == 0
+            else _ray_runners(config)
         )
         self.groups = self.collector.groups
         ma = config.multiagent
@@ -202,10 +202,6 @@ class Trainer:
             else MultiAgentPolicy(self.groups, self.policies)
         )
         self.updates = [make_update(config, policy) for policy in self.policies]
-        self.rollouts = [
-            Rollout.for_group(group, config.rollout.num_steps, config.env.num_envs)
-            for group in self.groups
-        ]
         self.agent_names = [a for g in self.groups for a in g.agents if a]
         # After the envs: a bad env id or space leaves no empty run folder behind.
         if overwrite and not resume and self.run_dir.is_dir():
@@ -374,12 +370,12 @@ class Trainer:
                     return self.policy
                 progress = self.iteration / cfg.num_iterations
                 try:
-                    episodes = self.collector.collect(self.policies, self.rollouts)
+                    rollouts, episodes = self.collect()
                 except NonFiniteError as exc:
                     raise TrainingError(f"{exc}; {self._last_checkpoint_note()}") from None
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
-                    metrics = self._update(progress)
+                    metrics = self._update(progress, rollouts)
                 for warning in caught:
                     text = f"[iteration {self.iteration + 1}] warning: {warning.message}"
                     if cfg.quiet:  # the caller's warning filters decide
@@ -402,6 +398,7 @@ class Trainer:
                     **episode_metrics(episodes, self.agent_names),
                     **metrics,
                     "eval_return_mean": evaluation.mean_return if evaluation else math.nan,
+                    **self._runner_metrics(),
                     "sps": sps,
                     "wall_time": self.wall_time,
                 }
@@ -453,12 +450,29 @@ class Trainer:
             return f"the last good checkpoint is {checkpoints / latest.read_text().strip()}"
         return "no checkpoint was written"
 
-    def _update(self, progress: float) -> dict[str, float]:
+    def collect(self) -> tuple[list[Rollout], EpisodeStats]:
+        """One rollout through the runner contract: a snapshot out, a batch back, its
+        statistics merged; the rollouts to update on and the episodes that ended."""
+        batch = self.collector.collect(self.snapshot())
+        return absorb(self.policies, batch, self.iteration), batch.episodes
+
+    def _runner_metrics(self) -> dict[str, float]:
+        """Ray runners replaced so far (only for runs with runners)."""
+        if not self.config.runners:
+            return {}
+        return {"runner_restarts": float(getattr(self.collector, "restarts", 0))}
+
+    def snapshot(self) -> PolicySnapshot:
+        """What a runner acts with now: the policies' weights and statistics as numpy
+        arrays, at version ``iteration`` (the number of updates so far)."""
+        return PolicySnapshot.of(self.policies, self.iteration)
+
+    def _update(self, progress: float, rollouts: list[Rollout]) -> dict[str, float]:
         """Each group's update on its rollout; several groups' metrics are averaged, and
         also kept per group under "<group>/<metric>"."""
         cfg = self.config
         results = []
-        for policy, update, rollout in zip(self.policies, self.updates, self.rollouts, strict=True):
+        for policy, update, rollout in zip(self.policies, self.updates, rollouts, strict=True):
             rollout.compute_advantages(cfg.rollout.gamma, cfg.rollout.gae_lambda)
             results.append(update(policy, rollout, progress))
         if len(results) == 1:
@@ -510,6 +524,33 @@ class _StopOnInterrupt:
     def restore(self) -> None:
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
+
+
+def _ray_runners(config: Config) -> Runner:
+    from trustrl.distributed.runners import RayRunners  # Ray only when asked for
+
+    return RayRunners(config)
+
+
+def absorb(policies: list[Policy], batch: RolloutBatch, version: int) -> list[Rollout]:
+    """The learner's side of the contract: merge the batch's observation statistics into
+    the policies' normalizers (exactly, count, mean and M2) and wrap its arrays as the
+    rollouts the update trains on. The batch must come from the snapshot of ``version``
+    (synchronous collection)."""
+    if batch.version != version:
+        raise ValueError(
+            f"a rollout of policy version {batch.version} reached the learner at {version}"
+        )
+    rollouts = []
+    for policy, group in zip(policies, batch.groups, strict=True):
+        for normalizer, delta in (
+            (policy.obs_normalizer, group.obs_delta),
+            (policy.critic_normalizer, group.critic_delta),
+        ):
+            if normalizer is not None and delta is not None:
+                normalizer.merge(delta)
+        rollouts.append(Rollout.from_batch(group, policy.num_agents))
+    return rollouts
 
 
 def episode_metrics(episodes: EpisodeStats, agents: list[str] | None = None) -> dict[str, float]:

@@ -1,0 +1,144 @@
+"""Training with Ray runners: the same trainer, the envs in actors, lost runners replaced.
+
+Each test starts its own loopback Ray instance (trustrl.distributed.cluster) and stops it;
+the module shares the "ray" xdist group with tests/test_ray_cluster.py, so no two Ray
+instances run at once.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import trustrl
+from trustrl.trainer import Trainer
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs trustrl[ray]"),
+    pytest.mark.xdist_group("ray"),
+]
+
+TEST_TIME_LIMIT_S = 150
+STEPS = 32  # per env and iteration
+CLOCKS = ("sps", "wall_time")
+
+
+@pytest.fixture(autouse=True)
+def time_limit() -> Iterator[None]:
+    def expire(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"Ray test ran past {TEST_TIME_LIMIT_S} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(TEST_TIME_LIMIT_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def config(iterations: int, **overrides: Any) -> trustrl.Config:
+    table = {
+        "quiet": True,
+        "runners": 2,
+        "total_steps": iterations * 4 * STEPS,
+        "eval_episodes": 0,
+        "checkpoint_every": 2,
+        "env": {"num_envs": 4, "normalize_obs": True, "normalize_reward": True},
+        "rollout": {"num_steps": STEPS},
+        **overrides,
+    }
+    return trustrl.resolve("CartPole-v1", overrides=table)
+
+
+def progress(run_dir: Path) -> list[dict[str, str]]:
+    with (run_dir / "progress.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def without_clocks(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    return [{k: v for k, v in row.items() if k not in CLOCKS} for row in rows]
+
+
+def test_same_seed_same_runners_same_progress_and_exact_statistics(tmp_path: Path) -> None:
+    """Two runs, 2 runners each: identical progress files (clocks aside); the learner's
+    observation statistics took in every observation of every runner exactly once."""
+    runs = []
+    for name in ("a", "b"):
+        trainer = Trainer(config(3), tmp_path / name)
+        policy = trainer.train()
+        runs.append(progress(tmp_path / name))
+        assert isinstance(policy, trustrl.Policy) and policy.obs_normalizer is not None
+        assert policy.obs_normalizer.count.item() == 3 * 4 * STEPS
+    assert without_clocks(runs[0]) == without_clocks(runs[1])
+    assert [float(r["env_steps"]) for r in runs[0]] == [128.0, 256.0, 384.0]
+    assert {float(r["runner_restarts"]) for r in runs[0]} == {0.0}
+
+
+def test_sigkilled_runner_is_replaced_and_the_lost_batch_never_reaches_the_learner(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trainer = Trainer(config(5), tmp_path)
+    runners: Any = trainer.collector
+    collect = runners.collect
+    killed: list[int] = []
+    later: list[list[int]] = []
+
+    def collect_with_a_kill(snapshot: Any, train: bool = True) -> Any:
+        if trainer.iteration == 2 and not killed:
+            pid = runners.pids()[1]
+            os.kill(pid, signal.SIGKILL)  # mid-run: before runner-1 collects iteration 3
+            killed.append(pid)
+        if trainer.iteration == 4:
+            later.append(runners.pids())
+        return collect(snapshot, train)
+
+    runners.collect = collect_with_a_kill
+    policy = trainer.train()
+    rows = progress(tmp_path)
+    with capsys.disabled():
+        print(
+            f"\nSIGKILL runner-1 (pid {killed[0]}) before iteration 3: runner_restarts per "
+            f"iteration {[r['runner_restarts'] for r in rows]}, env_steps "
+            f"{[r['env_steps'] for r in rows]}"
+        )
+    assert killed[0] not in later[0]  # runner-1 is a new process
+    assert [float(r["env_steps"]) for r in rows] == [128.0 * i for i in range(1, 6)]
+    assert [float(r["runner_restarts"]) for r in rows] == [0, 0, 1, 1, 1]
+    # The learner merged exactly five complete iterations of observations: nothing of
+    # the lost batch, nothing twice.
+    assert isinstance(policy, trustrl.Policy) and policy.obs_normalizer is not None
+    assert policy.obs_normalizer.count.item() == 5 * 4 * STEPS
+
+
+def test_runners_that_keep_failing_stop_the_run(tmp_path: Path) -> None:
+    from trustrl.distributed.runners import RunnerFailedError
+
+    trainer = Trainer(config(4, runner_failures=1), tmp_path)
+    runners: Any = trainer.collector
+    collect = runners.collect
+
+    def collect_with_a_kill(snapshot: Any, train: bool = True) -> Any:
+        if trainer.iteration == 1:
+            os.kill(runners.pids()[0], signal.SIGKILL)
+        return collect(snapshot, train)
+
+    runners.collect = collect_with_a_kill
+    with pytest.raises(RunnerFailedError, match="runner-0 failed"):
+        trainer.train()
+    assert len(progress(tmp_path)) == 1
+
+
+def test_resume_with_runners_continues_the_run(tmp_path: Path) -> None:
+    Trainer(config(2), tmp_path).train()
+    resumed = Trainer(config(4), tmp_path, resume=True)
+    assert resumed.iteration == 2 and not resumed.envs_restored
+    resumed.train()
+    assert [float(r["env_steps"]) for r in progress(tmp_path)] == [128.0 * i for i in range(1, 5)]
