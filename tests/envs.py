@@ -275,3 +275,49 @@ class ImageBoxEnv(gym.Env):
         self.step_count += 1
         reward = -float(np.sum((action - self.target) ** 2))
         return self._obs(), reward, False, self.step_count >= self.length, {}
+
+
+class NonFiniteEnv(gym.Env):
+    """Box(4) observations, Discrete(2) actions, episodes of 10 steps; at the env's
+    ``at``-th step (counted over its whole life, from 1; 0: the first reset) it hands out
+    ``value`` in observation entry ``entry`` or as the reward (``where``), once, or in
+    every step from then on with ``every``."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(
+        self,
+        where: str = "observation",
+        at: int = 5,
+        entry: int = 2,
+        value: float = float("nan"),
+        every: bool = False,
+    ):
+        self.where, self.at, self.entry, self.value, self.every = where, at, entry, value, every
+        self.observation_space = spaces.Box(-10.0, 10.0, (4,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.steps = 0  # over the env's life
+        self.episode_step = 0
+
+    def _hit(self) -> bool:
+        return self.steps >= self.at if self.every else self.steps == self.at
+
+    def _obs(self, hit: bool) -> np.ndarray:
+        obs = np.full(4, self.episode_step / 10, dtype=np.float32)
+        if self.where == "observation" and hit:
+            obs[self.entry] = self.value
+        return obs
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.episode_step = 0
+        return self._obs(self.at == 0 and self.steps == 0), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.steps += 1
+        self.episode_step += 1
+        hit = self._hit()
+        reward = self.value if self.where == "reward" and hit else float(action)
+        return self._obs(hit), reward, self.episode_step >= 10, False, {}

@@ -160,11 +160,12 @@ def test_pickle_files_are_refused_and_never_unpickled(
     assert cli.main(["eval", str(fake), "--episodes", "1"]) == 2
     assert "damaged or truncated" in capsys.readouterr().err
 
-    # The optional environment state (envs.pkl) is a pickle that only `train --resume`
-    # reads; loading a policy or evaluating never touches it, even when its digest matches.
+    # An environment pickle (envs.pkl, written only for envs without array state, read
+    # only by `train --resume --trust-env-state`): loading a policy or evaluating never
+    # touches it, even when its digest matches.
     tampered = tmp_path / "tampered"
     shutil.copytree(run_dir / "checkpoints" / "final", tampered)
-    assert (tampered / "envs.pkl").is_file()
+    assert not (tampered / "envs.pkl").exists()  # CartPole's state is arrays
     forge_env_state(tampered, MakesMarker(marker))
     trustrl.Policy.load(tampered)
     assert cli.main(["eval", str(tampered), "--episodes", "1", "--json"]) == 0
@@ -178,7 +179,7 @@ def forge_env_state(folder: Path, payload: object) -> None:
     data = pickle.dumps(payload)
     (folder / "envs.pkl").write_bytes(data)
     meta = json.loads((folder / "meta.json").read_text())
-    meta["env_state"]["sha256"] = hashlib.sha256(data).hexdigest()
+    meta["env_state"] = {"file": "envs.pkl", "sha256": hashlib.sha256(data).hexdigest()}
     (folder / "meta.json").write_text(json.dumps(meta))
 
 

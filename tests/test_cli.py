@@ -87,10 +87,17 @@ def test_train_prints_the_evaluation_and_run_folder(tmp_path: Path, capsys) -> N
     run_dir = tmp_path / "run"
     code, out, err = run_cli(["train", "CartPole-v1", *TINY, "--run-dir", str(run_dir)], capsys)
     assert code == 0, err
-    assert "evaluation over 1 episodes (deterministic)" in out
-    assert out.rstrip().endswith(f"run folder: {run_dir}")
-    assert f"learning curve: trustrl plot {run_dir}\n" in out
     assert "Traceback" not in err
+    # The end summary: the evaluation, the commands to look at the run, the run folder last.
+    evaluation = out.split("evaluation over 1 episodes (deterministic): ")[-1].split("\n")[0]
+    assert out.rstrip().endswith(
+        f"evaluation over 1 episodes (deterministic): {evaluation}\n"
+        f"learning curve: trustrl plot {run_dir}\n"
+        f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}\n"
+        f"evaluate: trustrl eval {run_dir}\n"
+        f"export: trustrl export {run_dir}\n"
+        f"run folder: {run_dir}"
+    )
 
 
 def test_config_file_between_preset_and_flags(tmp_path: Path, capsys) -> None:
@@ -261,7 +268,7 @@ def test_train_help_shows_the_preset(capsys) -> None:
     assert code == 0
     text = squash(out)
     assert "--total-steps INT Environment steps to train for" in text
-    assert "(default: 50000)" in text  # the CartPole preset, not the dataclass default
+    assert "(default: 49920)" in text  # the CartPole preset, not the dataclass default
 
 
 def test_top_level_usage(capsys) -> None:
@@ -283,3 +290,254 @@ def test_unsupported_env_spaces_are_a_clear_error(tmp_path: Path, capsys) -> Non
     )
     assert code == 2
     assert err.startswith("trustrl: error: ") and "observation space must be a Box" in err
+
+
+# Issue 19: what a new user runs into.
+
+TYPED_TOML = [
+    ('[env]\nnormalize_obs = "no"\n', 'env.normalize_obs must be true or false, got the string "no"'),  # noqa: E501
+    ("[ppo]\nnorm_adv = 0\n", "ppo.norm_adv must be true or false, got the integer 0"),
+    ('total_steps = "1000"\n', 'total_steps must be an integer, got the string "1000"'),
+    ("[policy]\nhidden_sizes = 64\n", "policy.hidden_sizes must be a list of integers, got the integer 64"),  # noqa: E501
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "message"), TYPED_TOML)
+def test_config_file_wrong_type_is_one_error_line_and_no_tyro_warning(
+    tmp_path: Path, capsys, text: str, message: str
+) -> None:
+    config_file = tmp_path / "typed.toml"
+    config_file.write_text(text)
+    run_dir = tmp_path / "run"
+    argv = ["train", "CartPole-v1", "--config", str(config_file), "--run-dir", str(run_dir)]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [f"trustrl: error: {message}"], err
+    assert "Warning" not in err and not run_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("env_id", "backend"),
+    [("CartPole-v1", "vector"), ("CartPole-v1", "sync"), ("tests.envs:MultiDiscreteEnv", "sync")],
+)
+def test_unknown_env_kwarg_is_named_with_the_env(
+    tmp_path: Path, capsys, env_id: str, backend: str
+) -> None:
+    run_dir = tmp_path / "run"
+    argv = ["train", env_id, "--env.kwargs", "foo", "3", "--env.backend", backend]
+    code, _, err = run_cli([*argv, "--run-dir", str(run_dir), "--quiet"], capsys)
+    assert code == 2, err
+    assert err.strip() == (
+        f"trustrl: error: env.kwargs: {env_id} does not accept the keyword argument 'foo' "
+        "(given foo = 3); remove it or check the env's constructor"
+    )
+    assert not run_dir.exists()
+
+
+def test_a_new_run_refuses_a_folder_that_is_not_empty(cli_run, tmp_path: Path, capsys) -> None:
+    # An earlier run: refused, suggesting --resume; nothing of it is touched.
+    run_dir = tmp_path / "run"
+    shutil.copytree(cli_run, run_dir)
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    code, _, err = run_cli(["train", "CartPole-v1", *TINY, "--run-dir", str(run_dir)], capsys)
+    assert code == 2
+    assert "already holds a run" in err and f"trustrl train --resume {run_dir}" in err
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+    # A folder of other files (source code): refused too.
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "main.py").write_text("print('mine')\n")
+    code, _, err = run_cli(["train", "CartPole-v1", *TINY, "--run-dir", str(source)], capsys)
+    assert code == 2 and "is not empty and is not a trustrl run (main.py)" in err
+    assert sorted(p.name for p in source.iterdir()) == ["main.py"]
+    # --overwrite: the earlier run's files are replaced, other files left alone.
+    (run_dir / "notes.txt").write_text("mine\n")
+    (run_dir / "checkpoints" / "iter_00000099").mkdir()
+    argv = ["train", "CartPole-v1", *TINY, "--run-dir", str(run_dir), "--overwrite"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert not (run_dir / "checkpoints" / "iter_00000099").exists()
+    assert (run_dir / "notes.txt").read_text() == "mine\n"
+    assert [r["iteration"] for r in read_progress(run_dir / "progress.csv")] == [1, 2]
+    # An empty folder is fine.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run_cli(["train", "CartPole-v1", *TINY, "--run-dir", str(empty)], capsys)[0] == 0
+
+
+def test_trainer_refuses_a_folder_that_is_not_empty(tmp_path: Path) -> None:
+    from trustrl.checkpoint import CheckpointError
+    from trustrl.config import resolve
+    from trustrl.trainer import Trainer
+
+    (tmp_path / "data.csv").write_text("1,2\n")
+    with pytest.raises(CheckpointError, match="is not empty"):
+        Trainer(resolve("CartPole-v1", overrides={"run_dir": str(tmp_path)}))
+
+
+def test_env_id_flag_and_positional(tmp_path: Path, capsys) -> None:
+    run_dir = tmp_path / "run"
+    code, _, err = run_cli(["train", "CartPole-v1", "--env-id", "Pendulum-v1", *TINY], capsys)
+    assert code == 2
+    assert "ENV_ID 'CartPole-v1' and --env-id 'Pendulum-v1' disagree" in err
+    code, _, err = run_cli(
+        ["train", "--env-id", "Pendulum-v1", *TINY, "--run-dir", str(run_dir)], capsys
+    )
+    assert code == 0, err
+    assert read_config(run_dir)["env_id"] == "Pendulum-v1"
+
+
+def test_version(capsys) -> None:
+    from trustrl import __version__
+
+    assert run_cli(["--version"], capsys)[:2] == (0, f"trustrl {__version__}\n")
+    script = Path(sys.executable).with_name("trustrl")
+    done = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == f"trustrl {__version__}\n"
+
+
+@pytest.mark.parametrize(("total", "planned"), [(100, 128), (64, 64), (65, 96), (1, 32)])
+def test_total_steps_round_up_to_whole_iterations_and_say_so(
+    tmp_path: Path, capsys, total: int, planned: int
+) -> None:
+    run_dir = tmp_path / "run"
+    argv = ["train", "CartPole-v1", *TINY, "--total-steps", str(total), "--no-quiet"]
+    code, out, err = run_cli([*argv, "--run-dir", str(run_dir)], capsys)
+    assert code == 0, err
+    note = f"note: total_steps {total:,} rounded up to {planned:,}: whole iterations of 2 envs x "
+    note += "16 steps"
+    assert (note in out) == (total != planned), out
+    assert read_config(run_dir)["total_steps"] == planned
+    rows = read_progress(run_dir / "progress.csv")
+    assert rows[-1]["env_steps"] == planned
+    assert f"({planned:,} of {planned:,} planned steps" in out
+
+
+def test_resume_below_the_steps_done_is_refused(cli_run, tmp_path: Path, capsys) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(cli_run, run_dir)
+    config_before = (run_dir / "config.toml").read_text()
+    for total in ("32", "64"):
+        code, _, err = run_cli(["train", "--resume", str(run_dir), "--total-steps", total], capsys)
+        assert code == 2
+        assert f"has trained 64 env steps already; total_steps {int(total):,} leaves nothing" in err
+    assert (run_dir / "config.toml").read_text() == config_before
+
+
+def test_resume_with_changed_settings_keeps_the_history(cli_run, tmp_path: Path, capsys) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(cli_run, run_dir)
+    argv = ["train", "--resume", str(run_dir), "--total-steps", "96", "--ppo.clip-coef", "0.1"]
+    code, out, err = run_cli([*argv, "--quiet"], capsys)
+    assert code == 0, err
+    assert "ppo.clip_coef: 0.2 -> 0.1 (recorded in config_history.json)" in out
+    argv = ["train", "--resume", str(run_dir), "--total-steps", "128", "--rollout.gamma", "0.9"]
+    assert run_cli([*argv, "--quiet"], capsys)[0] == 0
+    history = json.loads((run_dir / "config_history.json").read_text())
+    assert history == [
+        {
+            "from_iteration": 3,
+            "env_steps_before": 64,
+            "changes": {
+                "ppo.clip_coef": {"old": 0.2, "new": 0.1},
+                "total_steps": {"old": 64, "new": 96},
+            },
+        },
+        {
+            "from_iteration": 4,
+            "env_steps_before": 96,
+            "changes": {
+                "rollout.gamma": {"old": 0.98, "new": 0.9},
+                "total_steps": {"old": 96, "new": 128},
+            },
+        },
+    ]
+    assert read_config(run_dir)["rollout"]["gamma"] == 0.9  # config.toml: the latest part
+
+
+def test_an_early_stop_finishes_the_progress_output(tmp_path: Path, capsys) -> None:
+    run_dir = tmp_path / "run"
+    argv = ["train", "CartPole-v1", *TINY, "--total-steps", "6400", "--target-return", "1"]
+    code, out, err = run_cli([*argv, "--no-quiet", "--run-dir", str(run_dir)], capsys)
+    assert code == 0, err
+    # Not a terminal here: plain lines, never cut, and a last line saying what happened.
+    line = next(x for x in out.splitlines() if "solved:" in x)
+    assert line.startswith("CartPole-v1: solved: evaluation mean ")
+    assert "after 32 env steps (32 of 6,400 planned steps, elapsed 0:00:" in line
+
+
+def test_plain_progress_lines_off_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from trustrl import logging as log
+
+    stream = io.StringIO()
+    monkeypatch.setattr(log, "PLAIN_SECONDS", 0.0)
+    bar = log.ProgressBar(1000, "Hopper-v5", stream=stream)
+    assert not bar.live
+    for steps in (250, 500):
+        bar.update(steps, 1234.0, 12.5)
+    bar.close(500, "interrupted")
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("Hopper-v5: 250/1,000 steps, 1,234 sps, return 12.5, elapsed 0:00:0")
+    assert lines[1].startswith("Hopper-v5: 500/1,000 steps")
+    assert lines[2].startswith("Hopper-v5: interrupted (500 of 1,000 planned steps, elapsed ")
+
+
+def test_the_live_bar_labels_its_times() -> None:
+    import io
+
+    from trustrl.logging import ProgressBar
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    bar = ProgressBar(1000, "CartPole-v1", stream=stream)
+    assert bar.live
+    bar.update(300, 100.0, 20.0)
+    bar.close(300, "solved: evaluation mean 500.0 >= 475 after 300 env steps")
+    text = stream.getvalue()
+    assert "elapsed" in text and "left" in text
+    assert "300/300 steps" in text  # the bar ends full, where the run ended
+    assert "CartPole-v1: solved: evaluation mean 500.0 >= 475 after 300 env steps" in text
+
+
+def test_multiagent_eval_reports_each_agent_and_group(tmp_path: Path, capsys) -> None:
+    run_dir = tmp_path / "tag"
+    argv = ["train", "mpe2:simple_tag_v3", "--total-steps", "64", "--env.num-envs", "1"]
+    argv += ["--rollout.num-steps", "32", "--ppo.update-epochs", "1", "--eval-episodes", "0"]
+    code, _, err = run_cli([*argv, "--quiet", "--run-dir", str(run_dir)], capsys)
+    assert code == 0, err
+    code, out, err = run_cli(["eval", str(run_dir), "--episodes", "2", "--json"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert set(result["groups"]) == {"adversary", "agent"}
+    assert set(result["agents"]) == {"adversary_0", "adversary_1", "adversary_2", "agent_0"}
+    for entry in [*result["groups"].values(), *result["agents"].values()]:
+        assert len(entry["returns"]) == 2
+        assert entry["mean_return"] == pytest.approx(np.mean(entry["returns"]))
+    adversaries = [result["agents"][f"adversary_{i}"]["returns"] for i in range(3)]
+    assert result["groups"]["adversary"]["returns"] == pytest.approx(np.mean(adversaries, 0))
+    code, text, _ = run_cli(["eval", str(run_dir), "--episodes", "2"], capsys)
+    assert "(mean over agents)" in text.splitlines()[0]
+    for name in ("group adversary: ", "group agent: ", "agent adversary_0: ", "agent agent_0: "):
+        assert f"  {name}" in text, text
+
+
+def test_resume_flags_that_do_not_fit(cli_run, capsys) -> None:
+    code, _, err = run_cli(["train", "--resume", str(cli_run), "--overwrite"], capsys)
+    assert code == 2 and "--overwrite starts a new run; --resume continues one" in err
+    code, _, err = run_cli(["train", "CartPole-v1", "--trust-env-state", *TINY], capsys)
+    assert code == 2 and "--trust-env-state applies to --resume only" in err
+
+
+def test_unknown_kwarg_of_a_pettingzoo_env(tmp_path: Path, capsys) -> None:
+    config_file = tmp_path / "kwargs.toml"
+    config_file.write_text("[env]\nkwargs = { foo = 3 }\n")  # replaces the preset's kwargs
+    argv = ["train", "mpe2:simple_spread_v3", "--config", str(config_file), "--quiet"]
+    code, _, err = run_cli([*argv, "--run-dir", str(tmp_path / "run")], capsys)
+    assert code == 2, err
+    assert "mpe2:simple_spread_v3 does not accept the keyword argument 'foo'" in err
+    assert len(err.strip().splitlines()) == 1

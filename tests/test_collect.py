@@ -500,7 +500,7 @@ def _rollout_matches_policy(trainer: Any) -> None:
             )
             actions = rollout.actions.reshape(steps * rows, *rollout.actions.shape[2:])
             logprob = policy.head.log_prob(params, actions).reshape(steps, rows)
-            value = policy.value(
+            value = policy.critic_value(
                 rollout.obs.reshape(steps * rows, -1),
                 critic.reshape(steps * rows, -1) if critic is not None else None,
                 agent,

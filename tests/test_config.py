@@ -6,6 +6,8 @@ import dataclasses
 import math
 import re
 import tomllib
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -48,19 +50,20 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("max_version_lag", -1, ("max_version_lag", "got -1"), {}),
     ("async_collection", True, ("async_collection needs runners > 0",), {}),
     ("env.num_envs", 2.5, ("env.num_envs", "2.5"), {}),
-    ("env.backend", "threads", ("env.backend", "'threads'", "sync"), {}),
-    ("env.obs_stats", "iteration", ("env.obs_stats", "'iteration'", "rollout", "step"), {}),
+    ("env.backend", "threads", ("env.backend", '"threads"', "sync"), {}),
+    ("env.obs_stats", "iteration", ("env.obs_stats", '"iteration"', "rollout", "step"), {}),
     ("env.kwargs", [1, 2], ("env.kwargs", "[1, 2]"), {}),
     ("env.obs_clip", 0, ("env.obs_clip", "got 0"), {}),
     ("env.obs_clip", math.nan, ("env.obs_clip", "nan"), {}),
     ("env.reward_clip", -2.0, ("env.reward_clip", "-2.0"), {}),
+    ("env.nonfinite", "skip", ("env.nonfinite", "error, drop", '"skip"'), {}),
     ("rollout.num_steps", 0, ("rollout.num_steps", "got 0"), {}),
     ("rollout.gamma", 1.5, ("rollout.gamma", "1.5", "[0, 1]"), {}),
     ("rollout.gamma", -0.1, ("rollout.gamma", "-0.1"), {}),
     ("rollout.gae_lambda", 1.01, ("rollout.gae_lambda", "1.01"), {}),
     ("policy.hidden_sizes", [], ("policy.hidden_sizes", "()"), {}),
     ("policy.hidden_sizes", [64, 0], ("policy.hidden_sizes", "(64, 0)"), {}),
-    ("policy.activation", "gelu", ("policy.activation", "'gelu'", "tanh"), {}),
+    ("policy.activation", "gelu", ("policy.activation", '"gelu"', "tanh"), {}),
     ("policy.log_std_init", 3.0, ("policy.log_std_init", "3.0", "[-20, 2]"), {}),
     ("policy.log_std_init", -21.0, ("policy.log_std_init", "-21.0"), {}),
     ("ppo.learning_rate", 0.0, ("ppo.learning_rate", "0.0"), {}),
@@ -103,22 +106,26 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
         ("trpo.minibatches", "got 9", "= 8"),
         {"algo": "trpo", "env": {"num_envs": 2}, "rollout": {"num_steps": 4}},
     ),
-    ("algo", "a2c", ("algo", "'a2c'", "ppo"), {}),
+    ("algo", "a2c", ("algo", '"a2c"', "ppo"), {}),
     ("seed", -1, ("seed", "-1"), {}),
-    ("seed", True, ("seed", "True"), {}),
+    ("seed", True, ("seed", "an integer", "the boolean true"), {}),
     ("total_steps", 0, ("total_steps", "got 0"), {}),
     ("torch_threads", 0, ("torch_threads", "got 0"), {}),
     ("eval_episodes", -1, ("eval_episodes", "-1"), {}),
     ("checkpoint_every", 0, ("checkpoint_every", "got 0"), {}),
     ("checkpoint_keep", 0, ("checkpoint_keep", "got 0"), {}),
     ("eval_every", -1, ("eval_every", "-1"), {}),
+    ("runners", -1, ("runners", "-1"), {}),
+    ("envs_per_runner", 0, ("envs_per_runner", "got 0"), {}),
+    ("runner_timeout", 0.0, ("runner_timeout", "0.0"), {}),
+    ("runner_failures", 0, ("runner_failures", "got 0"), {}),
     ("target_return", math.inf, ("target_return", "inf"), {}),
     ("target_return", float("nan"), ("target_return", "nan"), {}),
-    ("multiagent.actor", "each", ("multiagent.actor", "shared, per_agent", "'each'"), {}),
+    ("multiagent.actor", "each", ("multiagent.actor", "shared, per_agent", '"each"'), {}),
     (
         "multiagent.critic_input",
         "all",
-        ("multiagent.critic_input", "global, agent_state, agent_centric, local", "'all'"),
+        ("multiagent.critic_input", "global, agent_state, agent_centric, local", '"all"'),
         {},
     ),
 ]
@@ -185,21 +192,80 @@ def test_config_error_is_a_value_error_raised_on_construction() -> None:
         PolicyConfig(activation="sigmoid")  # type: ignore[arg-type]
 
 
-# Wrongly typed values must also be refused naming the field and the value.
+# Wrongly typed values: every field checks its type before its range, and the message
+# names the field, the value, its type and what the field takes.
 WRONG_TYPES = [
-    ("rollout.gamma", "high"),
-    ("rollout.gae_lambda", "0.9"),
-    ("ppo.clip_coef", "0.2"),
-    ("policy.hidden_sizes", 64),
-]
+    ("rollout.gamma", "high", 'rollout.gamma must be a number, got the string "high"'),
+    ("ppo.clip_coef", "0.2", 'ppo.clip_coef must be a number, got the string "0.2"'),
+    ("env.normalize_obs", "no", 'env.normalize_obs must be true or false, got the string "no"'),
+    ("ppo.norm_adv", 0, "ppo.norm_adv must be true or false, got the integer 0"),
+    ("policy.hidden_sizes", 64, "policy.hidden_sizes must be a list of integers, got the integer 64"),  # noqa: E501
+    ("env.num_envs", 8.0, "env.num_envs must be an integer, got the number 8.0"),
+    ("ppo.target_kl", "x", 'ppo.target_kl must be a number (or left unset), got the string "x"'),
+    (
+        "env.kwargs",
+        {"a": [1]},
+        "env.kwargs must be a table of names to values (numbers, true or false, strings), "
+        "got a = the list [1]",
+    ),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize(("path", "value"), WRONG_TYPES)
-def test_wrong_type_names_field_and_value(path: str, value: Any) -> None:
+@pytest.mark.parametrize(("path", "value", "message"), WRONG_TYPES)
+def test_wrong_type_names_field_value_type_and_expected(
+    path: str, value: Any, message: str
+) -> None:
     with pytest.raises(ConfigError) as info:
         config_from_dict(nested(path, value))
-    message = str(info.value)
-    assert path in message and repr(value) in message
+    assert str(info.value) == message
+
+
+def _hint(path: str) -> Any:
+    *section, name = path.split(".")
+    owner = cfg.SECTIONS[section[0]] if section else Config
+    return typing.get_type_hints(owner)[name]
+
+
+def wrong_values(hint: Any) -> list[Any]:
+    """Values of every other kind than the field's type takes."""
+    base = typing.get_args(hint)
+    kinds = set(base) if typing.get_origin(hint) in (typing.Union, types.UnionType) else {hint}
+    kinds.discard(type(None))
+    (kind,) = kinds
+    origin = typing.get_origin(kind)
+    if kind is bool:
+        return ["no", "true", 0, 1, 1.0, [True]]
+    if kind is int:
+        return ["3", 3.0, True, [3]]
+    if kind is float:
+        return ["0.1", True, False, [0.1]]
+    if kind is str or origin is typing.Literal:
+        return [3, 0.5, True, ["a"]]
+    if origin is tuple:
+        return [64, "64", [64.0], [True], ["64"]]
+    if origin is dict:
+        return [[1, 2], "a=1", 3, {"a": [1]}, {"a": {"b": 1}}]
+    raise AssertionError(f"no wrong values for {hint}")
+
+
+@pytest.mark.parametrize("path", sorted(field_paths()))
+def test_every_field_checks_its_type_first(path: str) -> None:
+    for value in wrong_values(_hint(path)):
+        with pytest.raises(ConfigError) as info:
+            config_from_dict(nested(path, value))
+        message = str(info.value)
+        assert message.startswith(f"{path} must be "), message
+        if not isinstance(value, dict):
+            assert message.endswith(f"got {cfg.describe_value(value)}"), message
+
+
+@pytest.mark.parametrize("path", sorted(field_paths()))
+def test_every_field_checks_its_type_in_python_too(path: str) -> None:
+    *section, name = path.split(".")
+    owner = cfg.SECTIONS[section[0]] if section else Config
+    value = wrong_values(_hint(path))[0]
+    with pytest.raises(ConfigError, match=re.escape(f"{path} must be ")):
+        owner(**{name: value})
 
 
 @pytest.mark.parametrize("path", ["ppo.learning_rate", "rollout.gamma", "env.obs_clip"])
@@ -285,7 +351,7 @@ def test_merge_order_defaults_preset_file_overrides(tmp_path: Path) -> None:
     assert config.rollout.num_steps == 32  # preset over default
     assert config.rollout.gae_lambda == 0.8  # preset, untouched by the file's [rollout]
     assert config.ppo.learning_rate == 2e-3  # preset, untouched by the file's [ppo]
-    assert config.total_steps == 50_000  # preset
+    assert config.total_steps == 49_920  # preset
     assert config.rollout.gamma == 0.97  # file over preset
     assert config.env.num_envs == 4  # file over preset
     assert config.ppo.clip_coef == 0.1  # file over preset
@@ -348,12 +414,22 @@ def test_to_dict_drops_unset_values() -> None:
     assert table["ppo"]["clip_coef"] == 0.2
 
 
+@pytest.mark.parametrize("algo", ["ppo", "trpo"])
+def test_every_preset_trains_whole_iterations(algo: str) -> None:
+    """total_steps is rounded up to whole iterations (with a note); a preset says exactly
+    what runs."""
+    for name in cfg.available_presets(algo):
+        env_id = name.replace("mpe2_", "mpe2:") if name.startswith("mpe2_") else name
+        config = resolve(env_id, algo)
+        assert config.total_steps % config.batch_size == 0, (algo, name)
+
+
 def test_derived_sizes() -> None:
     config = config_from_dict(
         {"total_steps": 1000, "env": {"num_envs": 4}, "rollout": {"num_steps": 32}}
     )
     assert config.batch_size == 128
-    assert config.num_iterations == 7
+    assert config.num_iterations == 8  # rounded up: never fewer steps than asked
     assert config_from_dict({"total_steps": 10}).num_iterations == 1
     assert PPOConfig(pi_lr=1e-3, vf_lr=1e-3).separate_optimizers
     assert not PPOConfig().separate_optimizers

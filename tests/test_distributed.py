@@ -36,3 +36,16 @@ def test_local_instance_refuses_to_start_without_token_authentication(monkeypatc
 def test_num_cpus_is_checked():
     with pytest.raises(ValueError, match="num_cpus"):
         RayCluster(num_cpus=0)
+
+
+def test_runners_without_ray_is_one_error_line_with_the_install_command(
+    tmp_path, monkeypatch, capsys
+):
+    from trustrl.cli import main
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` finds when absent
+    code = main(["train", "CartPole-v1", "--runners", "2", "--run-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("trustrl: error:") and INSTALL_HINT in err
+    assert "Traceback" not in err

@@ -96,7 +96,7 @@ def test_log_probs_and_values_match_torch(
     with torch.no_grad():
         params = policy.dist_params(torch.from_numpy(x), None, t_agent)
         expected_lp = policy.head.log_prob(params, torch.from_numpy(actions))
-        expected_v = policy.value(torch.from_numpy(x), t_critic, t_agent)
+        expected_v = policy.critic_value(torch.from_numpy(x), t_critic, t_agent)
     np.testing.assert_allclose(logprob, expected_lp.numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(value, expected_v.numpy(), rtol=1e-5, atol=1e-5)
 

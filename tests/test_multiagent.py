@@ -176,9 +176,9 @@ def test_truncation_bootstraps_termination_does_not() -> None:
     def value_of(obs: list[float], agent: int) -> float:
         with torch.no_grad():
             return float(
-                policy.value(torch.tensor([obs], dtype=torch.float32), None, torch.tensor([agent]))[
-                    0
-                ]
+                policy.critic_value(
+                    torch.tensor([obs], dtype=torch.float32), None, torch.tensor([agent])
+                )[0]
             )
 
     # a0 truncated at t=1: the next row shows its final observation, whose value is the
@@ -432,7 +432,7 @@ def test_agent_id_is_appended_to_the_critic_input(per_agent: bool) -> None:
     one_hot = nn.functional.one_hot(agent, 3).float()
     with torch.no_grad():
         expected = policy.critic(torch.cat([critic_obs, one_hot], -1)).squeeze(-1)
-        torch.testing.assert_close(policy.value(obs, critic_obs, agent), expected)
+        torch.testing.assert_close(policy.critic_value(obs, critic_obs, agent), expected)
         if per_agent:  # the stacked actor tells agents apart by its weights, not an input
             assert policy.actor.layers[0].weight.shape[-1] == 4
         else:
@@ -629,7 +629,7 @@ def test_progress_and_tensorboard_have_per_agent_returns(tmp_path: Path) -> None
 
 def test_evaluate_parallel_mpe(tmp_path: Path) -> None:
     t = trainer(SPREAD, tmp_path)
-    returns, lengths = evaluate_parallel(t.policy, SPREAD, 2, seed=3)
+    returns, lengths, _ = evaluate_parallel(t.policy, SPREAD, 2, seed=3)
     t.collector.close()
     assert lengths == [25, 25]
     assert all(r < 0 for r in returns)
@@ -641,7 +641,7 @@ def test_evaluate_parallel_with_agents_finishing_early() -> None:
     [group] = rows.groups
     rows.close()
     policy = MultiAgentPolicy([group], [Policy(group.spec, SMALL, num_agents=3, per_agent=True)])
-    returns, lengths = evaluate_parallel(policy, SCRIPTED, 2)
+    returns, lengths, _ = evaluate_parallel(policy, SCRIPTED, 2)
     per_agent = [
         sum(scripted_reward(i, 0, k) for k in range(1, n + 1)) for i, n in enumerate(LENGTHS)
     ]
@@ -660,7 +660,9 @@ def test_value_norm_predicts_standardized_returns() -> None:
     obs, agent = torch.randn(4, 4), torch.tensor([0, 1, 0, 1])
     with torch.no_grad():
         raw = policy.value_raw(obs, None, agent)
-        torch.testing.assert_close(policy.value(obs, None, agent), raw * math.sqrt(125.0) + 25.0)
+        torch.testing.assert_close(
+            policy.critic_value(obs, None, agent), raw * math.sqrt(125.0) + 25.0
+        )
 
 
 # Registering agents while training.
@@ -720,7 +722,7 @@ def test_register_agent_keeps_existing_agents_and_gives_the_new_one_an_actor(mod
     with torch.no_grad():
         before = (
             policy.dist_params(obs, None, old_agents),
-            policy.value(obs, critic_obs, old_agents),
+            policy.critic_value(obs, critic_obs, old_agents),
         )
     moments = {
         id(p): {k: v.clone() for k, v in update.optimizers[key].state[p].items()}
@@ -736,7 +738,10 @@ def test_register_agent_keeps_existing_agents_and_gives_the_new_one_an_actor(mod
     assert policy.num_agents == 3
     assert grown, "register_agent grew nothing"
     with torch.no_grad():
-        after = policy.dist_params(obs, None, old_agents), policy.value(obs, critic_obs, old_agents)
+        after = (
+            policy.dist_params(obs, None, old_agents),
+            policy.critic_value(obs, critic_obs, old_agents),
+        )
         new = torch.full((8,), 2)
         params = policy.dist_params(obs, None, new)
     # Equal to float32 rounding, not bit for bit: the stacked layer's one matmul now has
@@ -818,7 +823,8 @@ def test_simple_spread_kernel_preset_has_the_seed_kernels_settings() -> None:
 
 @pytest.mark.parametrize("actor", ["shared", "per_agent"])
 def test_paused_and_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, actor: str) -> None:
-    """The coop env pickles, so its episodes in flight resume exactly."""
+    """The coop env pickles, so with its pickle trusted its episodes in flight resume
+    exactly."""
 
     def make(run_dir: Path, resume: bool = False) -> Trainer:
         config = config_from_dict(
@@ -831,11 +837,12 @@ def test_paused_and_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, acto
                 multiagent={"actor": actor, "value_norm": True},
             )
         )
-        return Trainer(config, resume=resume)
+        return Trainer(config, resume=resume, trust_env_state=resume)
 
     straight = make(tmp_path / "a").train()
     make(tmp_path / "b").train(iterations=2)
-    resumed_trainer = make(tmp_path / "b", resume=True)
+    with pytest.warns(UserWarning, match="--trust-env-state"):
+        resumed_trainer = make(tmp_path / "b", resume=True)
     assert resumed_trainer.envs_restored
     resumed = resumed_trainer.train()
     for name, value in straight.state_dict().items():
@@ -843,3 +850,18 @@ def test_paused_and_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, acto
     columns = ("loss_pi", "loss_v", "episode_return_mean", "agent_2/episode_return")
     for a, b in zip(_progress(tmp_path / "a"), _progress(tmp_path / "b"), strict=True):
         assert [a[c] for c in columns] == [b[c] for c in columns]
+
+
+def test_a_multiagent_policy_in_the_wrong_env_or_with_wrong_shapes(tmp_path: Path) -> None:
+    from trustrl.evaluation import evaluate
+
+    policy = trainer(SPREAD, tmp_path / "run").policy
+    assert isinstance(policy, MultiAgentPolicy)
+    with pytest.raises(ValueError, match=r"which mpe2:simple_tag_v3 does not have \(its agents: "):
+        evaluate(policy, "mpe2:simple_tag_v3", episodes=1)
+    with pytest.raises(ValueError, match=r"agent_0: expected one observation of shape \(18,\)"):
+        policy.act({"agent_0": np.zeros((2, 18), np.float32)})
+    with pytest.raises(
+        ValueError, match=r"expects observations of shape \(18,\).*got shape \(4,\)"
+    ):
+        policy.act({"agent_0": np.zeros(4, np.float32)})

@@ -269,7 +269,7 @@ def test_losses_reach_only_their_own_network() -> None:
     assert {id(p) for p in actor}.isdisjoint(id(p) for p in critic)
     assert {id(p) for p in policy.parameters()} == {id(p) for p in [*actor, *critic]}
 
-    new_values = policy.value(batch.obs)
+    new_values = policy.critic_value(batch.obs)
     loss_v = value_loss(new_values + 0.5, batch.values, batch.returns)
     grads = torch.autograd.grad(loss_v, [*actor, *critic], allow_unused=True)
     assert all(g is None or torch.count_nonzero(g) == 0 for g in grads[: len(actor)])

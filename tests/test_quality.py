@@ -69,9 +69,9 @@ def test_dry_run_prints_the_plan_and_what_is_done(
     argv = ["--dry-run", "--run-root", str(tmp_path), "--doc", str(doc), "--algos", "ppo"]
     assert quality.main([*argv, "--envs", "CartPole-v1,Hopper-v5", "--sb3"]) == 0
     lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
-    assert "done ppo__CartPole-v1__101 50,000 env steps (the preset's)" in lines
-    assert "partial: trained again ppo__CartPole-v1__102 50,000 env steps (the preset's)" in lines
-    assert "to train ppo__Hopper-v5__103 1,000,000 env steps (the preset's)" in lines
+    assert "done ppo__CartPole-v1__101 49,920 env steps (the preset's)" in lines
+    assert "partial: trained again ppo__CartPole-v1__102 49,920 env steps (the preset's)" in lines
+    assert "to train ppo__Hopper-v5__103 999,424 env steps (the preset's)" in lines
     assert "to train sb3-ppo__Hopper-v5__101 1,000,000 env steps (the zoo's)" in lines
     assert lines[-1].startswith("6 to train, one at a time")
     assert not doc.exists()
@@ -95,13 +95,13 @@ def test_report_writes_the_table_from_finished_runs(
 
     text = doc.read_text()
     assert (
-        "| ppo | Hopper-v5 | 1,000,000 | **2,500.0** | 2,000.0 / 3,000.0 / 2,500.0 | 2,500.0 ["
+        "| ppo | Hopper-v5 | 999,424 | **2,500.0** | 2,000.0 / 3,000.0 / 2,500.0 | 2,500.0 ["
         in text
     )
     assert "| 20.0 min | 2,410 (SB3 zoo); 2,609 (Tianshou); 2,052 (CleanRL) | 2,800 | **no** |" in (
         text
     )
-    assert "| sb3-ppo | Hopper-v5 | 1,000,000 | **2,200.0** |" in text
+    assert "| sb3-ppo | Hopper-v5 | 999,424 | **2,200.0** |" in text  # finish(): the preset's
     assert (
         "| ppo | Hopper-v5 | 2,410 | 20,480 env steps | 10.0 min / not reached / 15.0 min | "
         "not every seed | 20.0 min (eval 2,200.0) |" in text

@@ -411,3 +411,62 @@ def test_malformed_checkpoint_is_a_checkpoint_error(
         load_checkpoint(folder)
     if named == "meta.json":
         assert_every_loader_refuses(folder, tmp_path, named)
+
+
+# Links and pointers: loading never leaves the run folder.
+
+
+@pytest.mark.parametrize("target", ["policy.safetensors", "state.safetensors", "meta.json"])
+def test_a_link_where_a_checkpoint_file_goes_is_refused_by_name(
+    run_copy: tuple[Path, Path], tmp_path: Path, target: str
+) -> None:
+    run_dir, folder = run_copy
+    # A link to a valid copy of the very file: refused for being a link, not for its content.
+    outside = tmp_path / f"outside-{target}"
+    shutil.copy(folder / target, outside)
+    (folder / target).unlink()
+    (folder / target).symlink_to(outside)
+    expected = f"{folder / target} is a symbolic link"
+    for path in (run_dir, folder):
+        for name, call in loaders(path, tmp_path).items():
+            kind_, message = outcome(call)
+            if target == "state.safetensors" and name != "load_checkpoint":
+                assert kind_ == "ok", (name, kind_, message)  # never read for acting
+            else:
+                check_refused(name, kind_, message, expected)
+    kind_, message = outcome(lambda: cli.main(["train", "--resume", str(run_dir), "--quiet"]))
+    check_refused("train --resume", kind_, message, expected)
+
+
+@pytest.mark.parametrize("entry", ["final", "iter_00000002", "latest"])
+def test_a_linked_checkpoint_folder_or_pointer_is_refused(
+    run_copy: tuple[Path, Path], tmp_path: Path, entry: str
+) -> None:
+    run_dir, _ = run_copy
+    checkpoints = run_dir / "checkpoints"
+    elsewhere = tmp_path / f"elsewhere-{entry}"
+    shutil.move(checkpoints / entry, elsewhere)
+    (checkpoints / entry).symlink_to(elsewhere)
+    if entry == "iter_00000002":  # reached only when latest and final are gone
+        (checkpoints / "latest").unlink()
+        shutil.rmtree(checkpoints / "final")
+    assert_every_loader_refuses(run_dir, tmp_path, f"{checkpoints / entry} is a symbolic link")
+
+
+@pytest.mark.parametrize("name", ["../../elsewhere", "/tmp/elsewhere", "iter_2", "", "final/x"])
+def test_a_pointer_outside_the_run_folder_is_refused(
+    run_copy: tuple[Path, Path], tmp_path: Path, name: str
+) -> None:
+    run_dir, _ = run_copy
+    (run_dir / "checkpoints" / "latest").write_text(name + "\n")
+    assert_every_loader_refuses(run_dir, tmp_path, f"names {name!r}, which is not a checkpoint")
+
+
+def test_a_skipped_pointer_says_which_checkpoint_was_loaded(
+    run_copy: tuple[Path, Path],
+) -> None:
+    run_dir, _ = run_copy
+    checkpoints = run_dir / "checkpoints"
+    (checkpoints / "latest").write_text("iter_00000099\n")  # a kill before its rename
+    with pytest.warns(UserWarning, match=r"names iter_00000099, which is missing.*loaded .*final"):
+        assert resolve_checkpoint(run_dir) == checkpoints / "final"

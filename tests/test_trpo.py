@@ -575,7 +575,7 @@ def test_policy_step_and_critic_fit_touch_only_their_own_parameters(kind: str) -
     assert len(actor) + len(critic) == len(list(policy.parameters()))
 
     # The value loss does not reach the actor at all.
-    loss = value_loss(policy.value(batch.obs), batch.values, batch.returns)
+    loss = value_loss(policy.critic_value(batch.obs), batch.values, batch.returns)
     grads = torch.autograd.grad(loss, [*actor, *critic], allow_unused=True)
     assert all(g is None for g in grads[: len(actor)])
     assert all(g is not None for g in grads[len(actor) :])
@@ -603,7 +603,7 @@ def filled_rollout(policy: Policy, kind: str, seed: int, t: int = 16, n: int = 2
     rollout.actions.copy_(batch.actions.reshape(t, n, *spec.action_shape))
     rollout.logprob.copy_(batch.logprob.reshape(t, n))
     with torch.no_grad():
-        rollout.values.copy_(policy.value(batch.obs).reshape(t, n))
+        rollout.values.copy_(policy.critic_value(batch.obs).reshape(t, n))
     rollout.rewards.copy_(torch.randn(t, n, generator=g))
     rollout.terminated[t // 2, 0] = 1.0
     rollout.valid.fill_(True)

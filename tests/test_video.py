@@ -65,7 +65,7 @@ def test_a_multiagent_mpe2_episode_is_recorded_from_its_frames(tmp_path: Path) -
     assert recording.lengths == [10, 10] and len(recording.videos) == 2
     for video in recording.videos:
         assert_mp4(video)
-    returns, _ = evaluate_parallel(
+    returns, _, _ = evaluate_parallel(
         policy, "mpe2:simple_spread_v3", 2, env_kwargs={"max_cycles": 10}
     )
     assert recording.returns == pytest.approx(returns)

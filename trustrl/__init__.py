@@ -32,7 +32,7 @@ _LAZY = {
     "Trainer": "trustrl.trainer",
     "train": "trustrl.trainer",
     "Policy": "trustrl.policy",
-    "evaluate": "trustrl.evaluate",
+    "evaluate": "trustrl.evaluation",
     "load_policy": "trustrl.checkpoint",
 }
 

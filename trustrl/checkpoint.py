@@ -6,15 +6,19 @@ Layout of one checkpoint folder::
                          network shape), counters, and the structure of the training state
     policy.safetensors   the policy's state_dict: weights and observation normalizer
     state.safetensors    every tensor of the training state (optimizer moments, RNG states,
-                         reward scaler, episode accumulators)
-    envs.pkl             (optional) the environments' state for exact resume; a pickle, read
-                         only by ``train --resume`` after its SHA-256 (in meta.json) matches
+                         reward scaler, episode accumulators, and the environments' state
+                         where it is arrays: see envs.py)
+    envs.pkl             (optional) the environments pickled, for envs whose state is not
+                         arrays; read only by ``train --resume --trust-env-state`` (unpickling
+                         runs code), after its SHA-256 in meta.json matches (a check against
+                         damage, not forgery: whoever can write the file can write the digest)
 
 A run folder keeps ``checkpoints/iter_NNNNNNNN`` (the last ``keep``), ``checkpoints/final``
 and ``checkpoints/latest``, a one-line file naming the newest complete checkpoint.
 A checkpoint is written to a hidden temporary folder, every file flushed and fsynced,
 then renamed into place; ``latest`` is replaced atomically after that. A crash at any
-moment leaves the previous checkpoint and pointer intact.
+moment leaves the previous checkpoint and pointer intact. Loading reads files inside the
+checkpoint folder only and refuses symbolic links.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -269,11 +275,35 @@ def _alive(pid: int) -> bool:
     return True
 
 
+CHECKPOINT_NAME = re.compile(r"iter_\d{8}|final")
+"""What ``latest`` may name: a checkpoint folder beside it, never a path elsewhere."""
+
+
+def _refuse_link(path: Path) -> None:
+    if path.is_symlink():
+        raise CheckpointError(
+            f"{path} is a symbolic link (to {os.readlink(path)}); trustrl does not follow "
+            "links inside a run folder, which could point anywhere"
+        )
+
+
+def _complete(folder: Path) -> bool:
+    """A checkpoint folder with its description; links refused, not followed."""
+    _refuse_link(folder)
+    if not folder.is_dir():
+        return False
+    _refuse_link(folder / META)
+    return (folder / META).is_file()
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A run folder, a checkpoints folder or a checkpoint folder -> the checkpoint folder.
 
-    Run folders resolve to the newest complete checkpoint (``latest``, which names
-    ``final`` once training finished), or to ``final`` if the pointer is missing.
+    Run folders resolve to the newest complete checkpoint: the one ``latest`` names (which
+    is ``final`` once training finished), else ``final``, else the newest ``iter_*`` (a
+    kill between a checkpoint's rename and the pointer's update), with a warning naming
+    the one loaded when ``latest`` had to be skipped. Loading never leaves the folder:
+    ``latest`` names a sibling folder only, and links are refused.
     """
     path = Path(path)
     if path.is_file():
@@ -283,24 +313,37 @@ def resolve_checkpoint(path: str | Path) -> Path:
         )
     if not path.exists():
         raise CheckpointError(f"{path} does not exist")
-    if (path / META).is_file():
+    if (path / META).exists() or (path / META).is_symlink():
+        _refuse_link(path / META)
         return path
-    checkpoints = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    checkpoints = path / "checkpoints"
+    _refuse_link(checkpoints)
+    if not checkpoints.is_dir():
+        checkpoints = path
     pointer = checkpoints / "latest"
-    if pointer.is_file():
-        candidate = checkpoints / pointer.read_text().strip()
-        if (candidate / META).is_file():
+    skipped = None
+    if pointer.exists() or pointer.is_symlink():
+        _refuse_link(pointer)
+        name = pointer.read_text(errors="replace").strip()
+        if not CHECKPOINT_NAME.fullmatch(name):
+            raise CheckpointError(
+                f"{pointer} names {name!r}, which is not a checkpoint of this run folder "
+                "(iter_NNNNNNNN or final)"
+            )
+        if _complete(checkpoints / name):
+            return checkpoints / name
+        skipped = f"{pointer} names {name}, which is missing or incomplete"
+    numbered = sorted(checkpoints.glob("iter_*"), reverse=True)
+    for candidate in [checkpoints / "final", *numbered]:
+        if _complete(candidate):
+            if skipped:
+                warnings.warn(f"{skipped}; loaded {candidate} instead", UserWarning, stacklevel=2)
             return candidate
-    if (checkpoints / "final" / META).is_file():
-        return checkpoints / "final"
-    # A kill between a checkpoint's rename and the pointer's update: the newest complete one.
-    numbered = sorted(p for p in checkpoints.glob("iter_*") if (p / META).is_file())
-    if numbered:
-        return numbered[-1]
     raise CheckpointError(f"no checkpoint found in {path} (expected {META} or checkpoints/latest)")
 
 
 def read_meta(folder: Path) -> dict[str, Any]:
+    _refuse_link(folder / META)
     try:
         meta = json.loads((folder / META).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:  # ValueError: bad JSON or not UTF-8 text
@@ -317,6 +360,7 @@ def read_meta(folder: Path) -> dict[str, Any]:
 
 
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    _refuse_link(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint file {path} is missing")
     try:
@@ -397,6 +441,7 @@ def read_env_state(folder: Path, meta: dict[str, Any]) -> bytes | None:
     if not isinstance(record, dict) or record.get("file") != ENV_FILE:
         raise CheckpointError(f"{folder / META} names an unexpected environment state file")
     path = folder / ENV_FILE
+    _refuse_link(path)
     try:
         data = path.read_bytes()
     except OSError as exc:

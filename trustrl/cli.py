@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import statistics
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trustrl.config import (
     Config,
@@ -22,16 +26,23 @@ from trustrl.config import (
     resolve,
 )
 
+if TYPE_CHECKING:
+    from trustrl.evaluation import EvalResult
+
 TRAIN_USAGE = """\
 trustrl train ENV_ID [--algo ppo] [--preset NAME] [--config FILE] [--seed N]
-              [--total-steps N] [--run-dir DIR] [--quiet] [--<section>.<field> VALUE ...]
+              [--total-steps N] [--run-dir DIR [--overwrite]] [--quiet]
+              [--<section>.<field> VALUE ...]
 
-trustrl train --resume RUN_DIR [--total-steps N] [--quiet]
+trustrl train --resume RUN_DIR [--total-steps N] [--trust-env-state] [--quiet]
 
-Train on ENV_ID (a Gymnasium id or package.module:callable). The tuned preset for
-ENV_ID is used when one ships with trustrl (`trustrl presets`; --preset NAME picks one of
-the env's named presets instead); --config FILE (TOML) overrides it, and flags override
-both. All flags:
+Train on ENV_ID (a Gymnasium id or package.module:callable; --env-id ENV_ID says the
+same). The tuned preset for ENV_ID is used when one ships with trustrl (`trustrl
+presets`; --preset NAME picks one of the env's named presets instead); --config FILE
+(TOML) overrides it, and flags override both. A new run refuses a --run-dir that is not
+empty unless --overwrite. --resume continues a run; environments saved only as a pickle
+are unpickled with --trust-env-state alone (unpickling runs code from the run folder),
+otherwise they start fresh episodes. All flags:
 """
 
 
@@ -46,16 +57,44 @@ def _split_train_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--preset", default=None)
     parser.add_argument("--resume", default=None)
     parser.add_argument("--env-id", default=None)
+    parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--trust-env-state", action="store_true")
     known, rest = parser.parse_known_args(argv)
     if rest and not rest[0].startswith("-"):
-        known.env_id, rest = rest[0], rest[1:]
+        positional, rest = rest[0], rest[1:]
+        if known.env_id is not None and known.env_id != positional:
+            raise UsageError(
+                f"ENV_ID {positional!r} and --env-id {known.env_id!r} disagree; give one"
+            )
+        known.env_id = positional
+    if known.resume and known.overwrite:
+        raise UsageError("--overwrite starts a new run; --resume continues one: give one")
+    if known.trust_env_state and not known.resume:
+        raise UsageError("--trust-env-state applies to --resume only")
     return known, rest
 
 
 def _tyro_config(base: Config, args: list[str], description: str = TRAIN_USAGE) -> Config:
     import tyro
 
-    return tyro.cli(Config, default=base, args=args, prog="trustrl train", description=description)
+    # tyro warns about defaults it finds odd; every value here was checked by Config.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tyro.cli(
+            Config, default=base, args=args, prog="trustrl train", description=description
+        )
+
+
+def parse_train(argv: list[str]) -> tuple[argparse.Namespace, Config]:
+    """The train command line of a new run -> (its own flags, the resolved config)."""
+    known, rest = _split_train_args(argv)
+    if known.env_id is None:
+        raise UsageError("trustrl train needs ENV_ID (or --resume RUN_DIR); see --help")
+    from trustrl.envs import check_env_id
+
+    check_env_id(known.env_id)
+    base = resolve(known.env_id, known.algo, known.config, preset=known.preset)
+    return known, _tyro_config(base, rest)
 
 
 def cmd_train(argv: list[str]) -> int:
@@ -69,7 +108,6 @@ def cmd_train(argv: list[str]) -> int:
         )
         _tyro_config(base, ["--help"])
         return 0
-    from trustrl.plot import plot_command
     from trustrl.trainer import Trainer
 
     if known.resume:
@@ -80,24 +118,20 @@ def cmd_train(argv: list[str]) -> int:
             )
         base = config_from_dict(read_toml(run_dir / "config.toml"))
         config = _tyro_config(base, rest)
-        trainer = Trainer(config, run_dir, resume=True)
+        trainer = Trainer(config, run_dir, resume=True, trust_env_state=known.trust_env_state)
         envs = (
             "environments restored mid-episode"
             if trainer.envs_restored
-            else "this env's state cannot be captured, so environments start fresh episodes"
+            else "environments start fresh episodes (their state was not saved as arrays)"
         )
         print(
             f"resuming {run_dir} at iteration {trainer.iteration} "
             f"({trainer.env_steps:,} env steps); {envs}"
         )
+        for field, (old, new) in trainer.config_changes.items():
+            print(f"  {field}: {old!r} -> {new!r} (recorded in config_history.json)")
     else:
-        if known.env_id is None:
-            raise UsageError("trustrl train needs ENV_ID (or --resume RUN_DIR); see --help")
-        from trustrl.envs import check_env_id
-
-        check_env_id(known.env_id)
-        base = resolve(known.env_id, known.algo, known.config, preset=known.preset)
-        config = _tyro_config(base, rest)
+        known, config = parse_train(argv)
         if not config.quiet and preset_table(known.algo, known.env_id) is None:
             print(
                 f"trustrl: no preset for {known.algo} on {known.env_id}: using trustrl's "
@@ -105,7 +139,7 @@ def cmd_train(argv: list[str]) -> int:
                 "(`trustrl presets` lists the envs with one)",
                 file=sys.stderr,
             )
-        trainer = Trainer(config)
+        trainer = Trainer(config, overwrite=known.overwrite)
     if not config.quiet:
         print(f"run folder: {trainer.run_dir}")
     trainer.train()
@@ -115,15 +149,30 @@ def cmd_train(argv: list[str]) -> int:
             f"  trustrl train --resume {trainer.run_dir}"
         )
         return 130
-    if trainer.eval_result is not None:
-        result = trainer.eval_result
-        print(
+    print(summary(trainer.run_dir, trainer.eval_result))
+    return 0
+
+
+def summary(run_dir: Path, result: EvalResult | None) -> str:
+    """The end of a run: how it did, the commands to look at it, and (last, for scripts
+    that read the last line) the run folder."""
+    from trustrl.plot import plot_command
+
+    lines = []
+    if result is not None:
+        lines.append(
             f"evaluation over {len(result.returns)} episodes (deterministic): "
             f"{result.mean_return:.2f} ± {result.std_return:.2f}"
         )
-    print(f"learning curve: {plot_command(trainer.run_dir)}")
-    print(f"run folder: {trainer.run_dir}")
-    return 0
+    folder = shlex.quote(str(run_dir))
+    lines += [
+        f"learning curve: {plot_command(run_dir)}",
+        f"TensorBoard: tensorboard --logdir {shlex.quote(str(run_dir / 'tensorboard'))}",
+        f"evaluate: trustrl eval {folder}",
+        f"export: trustrl export {folder}",
+        f"run folder: {run_dir}",
+    ]
+    return "\n".join(lines)
 
 
 def cmd_eval(argv: list[str]) -> int:
@@ -157,7 +206,7 @@ def cmd_eval(argv: list[str]) -> int:
         raise UsageError("--out is the folder for --video's files; add --video")
 
     from trustrl.checkpoint import load_policy, read_meta, resolve_checkpoint
-    from trustrl.evaluate import EvalResult, evaluate
+    from trustrl.evaluation import EvalResult, evaluate
 
     folder = resolve_checkpoint(args.path)
     config = config_from_dict(read_meta(folder)["config"])
@@ -202,7 +251,12 @@ def cmd_eval(argv: list[str]) -> int:
         print(
             f"{config.env_id}: {result.mean_return:.2f} ± {result.std_return:.2f} over "
             f"{len(result.returns)} episodes ({folder})"
+            + (" (mean over agents)" if result.agents else "")
         )
+        for kind, table in (("group", result.groups), ("agent", result.agents)):
+            for name, returns in table.items():
+                mean, std = statistics.fmean(returns), statistics.pstdev(returns)
+                print(f"  {kind} {name}: {mean:.2f} ± {std:.2f}")
         for video in videos:
             print(f"video: {video}")
     return 0
@@ -319,9 +373,14 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["--version"], ["-V"]):
+        from trustrl import __version__
+
+        print(f"trustrl {__version__}")
+        return 0
     if not argv or argv[0] in ("-h", "--help"):
         print(
-            "usage: trustrl {train,eval,plot,export,presets} ...\n"
+            "usage: trustrl {train,eval,plot,export,presets} ... | trustrl --version\n"
             "       trustrl plot RUN_DIR ... [--out FILE.png|.svg] [--metric NAME] "
             "[--x env_steps|wall_time]\n"
             "       trustrl export RUN_OR_CHECKPOINT [--format onnx|torchscript] [--out FILE]\n\n"
@@ -336,12 +395,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     from trustrl.checkpoint import CheckpointError
+    from trustrl.distributed import RayUnavailableError  # imports no Ray
 
     try:
         return COMMANDS[command](rest)
-    except (ConfigError, CheckpointError, UsageError) as exc:
+    except (ConfigError, CheckpointError, UsageError, RayUnavailableError) as exc:
         print(f"trustrl: error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:
+        from trustrl.distributed.runners import RunnerFailedError
+        from trustrl.trainer import TrainingError  # imported once it may be one
+
+        if not isinstance(exc, TrainingError | RunnerFailedError):
+            raise
+        print(f"trustrl: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import numpy as np
 
 from trustrl.config import Config, ObsStats
 from trustrl.contract import EpisodeStats, GroupBatch, PolicySnapshot, RolloutBatch
-from trustrl.envs import AgentGroup, GroupObs, GymRows, RowEnv, make_row_env
+from trustrl.envs import AgentGroup, EnvState, GroupObs, GymRows, RowEnv, make_row_env
 from trustrl.inference import Inference
 from trustrl.normalize import RunningMeanStd, RunningStats
 from trustrl.spaces import SpaceSpec
@@ -93,6 +93,8 @@ class _RawSteps:
         self.reward = np.zeros((num_steps, rows))  # float64: episode returns sum these
         self.terminated = np.zeros((num_steps, rows), dtype=bool)
         self.truncated = np.zeros((num_steps, rows), dtype=bool)
+        self.dropped = np.zeros((num_steps, rows), dtype=bool)  # a dropped episode's end
+        self.drops = 0
 
 
 class _Acting:
@@ -146,6 +148,22 @@ def _normalized(
         return x
     out[...] = x
     return out
+
+
+def _drop(lane: _Lane, out: _RawSteps, t: int, rows: np.ndarray) -> None:
+    """Rows whose episode the env dropped at step t (a non-finite value): the episode ends,
+    truncated, at step t - 1 (bootstrapping from the last finite observation) and step t
+    becomes its reset step, never trained on (see rollout.py); the episode is not
+    reported. At t = 0 its last step was the previous rollout's."""
+    out.drops += int(rows.sum())
+    if t == 0:
+        lane.resetting |= rows
+        lane.episode_return[rows] = lane.episode_length[rows] = 0
+        lane.discounted_return[rows] = 0.0
+        return
+    ended = out.terminated[t - 1] | out.truncated[t - 1]
+    out.dropped[t - 1] |= rows & ~ended  # an episode that had ended is reported as it was
+    out.truncated[t - 1] |= rows
 
 
 def _copy(array: np.ndarray | None) -> np.ndarray | None:
@@ -284,6 +302,8 @@ class Collector:
                 out.terminated[t] = step.terminated
                 out.truncated[t] = step.truncated
                 lane.observe(after)
+                if step.dropped is not None:
+                    _drop(lane, out, t, step.dropped)
 
         stats = EpisodeStats()
         groups = []
@@ -385,7 +405,8 @@ class Collector:
         done = terminated | truncated
         view["terminated"][:] = terminated
         view["truncated"][:] = truncated
-        self._track_episodes(lane, reward, valid, done, stats)
+        self._track_episodes(lane, reward, valid, done, stats, out.dropped)
+        stats.dropped += out.drops
         if self.reward_scaler is None:
             view["rewards"][:] = reward
         else:
@@ -399,16 +420,20 @@ class Collector:
         valid: np.ndarray,
         done: np.ndarray,
         stats: EpisodeStats,
+        dropped: np.ndarray,
     ) -> None:
-        """(T, rows) arrays: episodes that ended are reported; the rest carry over."""
+        """(T, rows) arrays: episodes that ended are reported (not those ``dropped``); the
+        rest carry over."""
         start = np.zeros(reward.shape[1], dtype=np.int64)  # first step of each row's episode
         names = lane.agent_names
         for t, row in np.argwhere(done):  # in step order
             begin = start[row]
-            episode_return = lane.episode_return[row] + reward[begin : t + 1, row].sum()
-            stats.returns.append(float(episode_return))
-            stats.lengths.append(int(lane.episode_length[row] + valid[begin : t + 1, row].sum()))
-            stats.agents.append(names[row % len(names)])
+            if not dropped[t, row]:
+                episode_return = lane.episode_return[row] + reward[begin : t + 1, row].sum()
+                stats.returns.append(float(episode_return))
+                length = lane.episode_length[row] + valid[begin : t + 1, row].sum()
+                stats.lengths.append(int(length))
+                stats.agents.append(names[row % len(names)])
             lane.episode_return[row] = lane.episode_length[row] = 0
             start[row] = t + 1
         unfinished = np.arange(len(reward))[:, None] >= start
@@ -451,7 +476,7 @@ class Collector:
             "lanes": [lane.state_dict() for lane in self.lanes],
         }
 
-    def load_state_dict(self, state: dict[str, Any], env_state: bytes | None = None) -> None:
+    def load_state_dict(self, state: dict[str, Any], env_state: EnvState = None) -> None:
         """Restore the acting side. With ``env_state`` (captured mid-episode), the episodes
         in flight continue exactly; without, the envs keep their fresh episodes."""
         self.rng.bit_generator.state = state["rng"]
@@ -463,8 +488,8 @@ class Collector:
         for lane, lane_state in zip(self.lanes, state["lanes"], strict=True):
             lane.load_state_dict(lane_state)
 
-    def capture(self) -> bytes | None:
-        """The environments' state for exact resume (None where it cannot be captured)."""
+    def capture(self) -> EnvState:
+        """The environments' state for exact resume (see envs.EnvState)."""
         return self.rows.capture()
 
     def close(self) -> None:

@@ -15,10 +15,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
+import types
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 Activation = Literal["tanh", "relu"]
 Backend = Literal["auto", "sync", "async", "vector"]
@@ -26,6 +27,7 @@ ObsStats = Literal["rollout", "step"]
 Algo = Literal["ppo", "trpo"]
 ActorMode = Literal["shared", "per_agent"]
 CriticInput = Literal["global", "agent_state", "agent_centric", "local"]
+NonFinite = Literal["error", "drop"]
 
 
 class ConfigError(ValueError):
@@ -35,6 +37,94 @@ class ConfigError(ValueError):
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
+
+
+def describe_value(value: object) -> str:
+    """A value as a user wrote it, with its type: 'the string "no"', 'the integer 0'."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f'the string "{value}"'
+    if isinstance(value, int):
+        return f"the integer {value}"
+    if isinstance(value, float):
+        return f"the number {value!r}"
+    if isinstance(value, list | tuple):
+        return f"the list {list(value)!r}"
+    if isinstance(value, dict):
+        return f"the table {value!r}"
+    return f"{type(value).__name__} {value!r}"
+
+
+_SCALARS: dict[type, str] = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+}
+
+
+def _type_ok(value: object, hint: Any) -> bool:
+    """Whether ``value`` has the annotated type (bool is not a number here)."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType):
+        return any(_type_ok(value, option) for option in args)
+    if hint is type(None):
+        return value is None
+    if origin is Literal:
+        return isinstance(value, str) and value in args
+    if origin is tuple:
+        return isinstance(value, list | tuple) and all(_type_ok(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            isinstance(k, str) and _type_ok(v, args[1]) for k, v in value.items()
+        )
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _expected(hint: Any) -> str:
+    """What a field of type ``hint`` takes, in words."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType):
+        words = " or ".join(_expected(a) for a in args if a is not type(None))
+        return words + (" (or left unset)" if type(None) in args else "")
+    if origin is Literal:
+        return "one of " + ", ".join(map(str, args))
+    if origin is tuple:
+        return f"a list of {_expected(args[0]).split(' ', 1)[1]}s"
+    if origin is dict:
+        return "a table of names to values (numbers, true or false, strings)"
+    if dataclasses.is_dataclass(hint):
+        return "a table"
+    return _SCALARS[hint]
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _check_types(instance: Any, prefix: str) -> None:
+    """Every field's type, before any range check: a bool takes only true/false, a number
+    is not a string, a list field wants a list (TOML and Python callers alike)."""
+    cls = type(instance)
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = get_type_hints(cls)
+    for f in dataclasses.fields(instance):
+        value, hint = getattr(instance, f.name), hints[f.name]
+        if _type_ok(value, hint):
+            continue
+        got = describe_value(value)
+        if get_origin(hint) is dict and isinstance(value, dict):
+            got = ", ".join(
+                f"{k} = {describe_value(v)}"
+                for k, v in value.items()
+                if not _type_ok(v, get_args(hint)[1])
+            )
+        raise ConfigError(f"{prefix}{f.name} must be {_expected(hint)}, got {got}")
 
 
 def _check_choice(name: str, value: object, choices: tuple[object, ...]) -> None:
@@ -89,14 +179,18 @@ class EnvConfig:
     """Scaled rewards are clipped to [-reward_clip, reward_clip]."""
     obs_stats: ObsStats = "rollout"
     """When the observation statistics that act are updated: rollout (the policy snapshot's, frozen for a rollout; the learner merges what the rollout saw once per iteration) or step (the collector's copy also takes in every step, as SB3's VecNormalize does)."""
+    nonfinite: NonFinite = "error"
+    """A NaN or infinite observation or reward from the env: error (stop the run, naming the env, row, step and entries) or drop (end that episode there, untrained from the bad step on and not reported, reset its env and go on; counted in dropped_episodes; sync and async backends, Gymnasium envs)."""
 
     def __post_init__(self) -> None:
+        _check_types(self, "env.")
         _check_int("env.num_envs", self.num_envs, 1)
         _check_choice("env.backend", self.backend, get_args(Backend))
         _check_choice("env.obs_stats", self.obs_stats, get_args(ObsStats))
         _require(isinstance(self.kwargs, dict), f"env.kwargs must be a table, got {self.kwargs!r}")
         _check_positive("env.obs_clip", self.obs_clip)
         _check_positive("env.reward_clip", self.reward_clip)
+        _check_choice("env.nonfinite", self.nonfinite, get_args(NonFinite))
 
 
 @dataclass(frozen=True)
@@ -111,6 +205,7 @@ class RolloutConfig:
     """GAE lambda: 0 is one-step TD, 1 is Monte Carlo."""
 
     def __post_init__(self) -> None:
+        _check_types(self, "rollout.")
         _check_int("rollout.num_steps", self.num_steps, 1)
         _check_unit("rollout.gamma", self.gamma, closed=True)
         _check_unit("rollout.gae_lambda", self.gae_lambda, closed=True)
@@ -130,6 +225,7 @@ class PolicyConfig:
     """Orthogonal init: gain sqrt(2) on hidden layers, 0.01 on the policy head, 1 on the value head."""
 
     def __post_init__(self) -> None:
+        _check_types(self, "policy.")
         _require(
             isinstance(self.hidden_sizes, tuple | list)
             and len(self.hidden_sizes) > 0
@@ -187,6 +283,7 @@ class PPOConfig:
         return self.pi_lr is not None
 
     def __post_init__(self) -> None:
+        _check_types(self, "ppo.")
         _check_positive("ppo.learning_rate", self.learning_rate)
         _require(
             (self.pi_lr is None) == (self.vf_lr is None),
@@ -241,6 +338,7 @@ class TRPOConfig:
     """Normalize advantages over the batch."""
 
     def __post_init__(self) -> None:
+        _check_types(self, "trpo.")
         _check_positive("trpo.max_kl", self.max_kl)
         _check_int("trpo.cg_iters", self.cg_iters, 1)
         _check_non_negative("trpo.cg_damping", self.cg_damping)
@@ -266,6 +364,7 @@ class MultiAgentConfig:
     """Normalize value targets with running statistics of the returns."""
 
     def __post_init__(self) -> None:
+        _check_types(self, "multiagent.")
         _check_choice("multiagent.actor", self.actor, get_args(ActorMode))
         _check_choice("multiagent.critic_input", self.critic_input, get_args(CriticInput))
 
@@ -275,7 +374,7 @@ class Config:
     """One training run."""
 
     env_id: str = "CartPole-v1"
-    """A registered Gymnasium id, package.module:callable returning a Gymnasium env or a PettingZoo env, or family:name for PettingZoo families such as mpe2:simple_spread_v3."""
+    """A registered Gymnasium id, package.module:callable returning a Gymnasium env or a PettingZoo env, or family:name for PettingZoo families such as mpe2:simple_spread_v3. On the command line: the positional ENV_ID (this flag may say the same, not another)."""
     algo: Algo = "ppo"
     """Algorithm; selects the update step."""
     seed: int = 1
@@ -285,7 +384,7 @@ class Config:
     run_dir: str | None = None
     """Run folder (default: runs/<env>__<algo>__<seed>__<time>)."""
     quiet: bool = False
-    """No progress bar."""
+    """Print nothing: no progress bar, no notes (warnings go through Python's warnings)."""
     torch_threads: int = 1
     """Torch intra-op threads. Small networks run fastest on one; results are reproducible for a given seed and thread count."""
     eval_episodes: int = 10
@@ -340,9 +439,12 @@ class Config:
 
     @property
     def num_iterations(self) -> int:
-        return max(1, self.total_steps // self.batch_size)
+        """Whole iterations covering total_steps (rounded up: never fewer steps than asked;
+        the trainer says so and records the steps it runs)."""
+        return -(-self.total_steps // self.batch_size)
 
     def __post_init__(self) -> None:
+        _check_types(self, "")
         _require(
             isinstance(self.env_id, str) and self.env_id.strip() != "",
             f"env_id must be a Gymnasium id or package.module:callable, got {self.env_id!r}",

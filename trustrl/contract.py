@@ -76,11 +76,14 @@ class EpisodeStats:
     returns: list[float] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
     agents: list[str] = field(default_factory=list)
+    dropped: int = 0
+    """Episodes dropped for a non-finite value (env.nonfinite = "drop"), not reported."""
 
     def extend(self, other: EpisodeStats) -> None:
         self.returns += other.returns
         self.lengths += other.lengths
         self.agents += other.agents
+        self.dropped += other.dropped
 
 
 # The (T, rows, ...) arrays of a group's batch, by name; rows = envs x agents of the group.

@@ -7,8 +7,11 @@ training.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+import math
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -140,81 +143,183 @@ def make_vec_env(
     return gym.vector.SyncVectorEnv(fns, copy=False, autoreset_mode=NEXT_STEP)
 
 
-# Environment state for exact resume. Gymnasium has no state API, so the vector env is
-# pickled (the one place trustrl uses pickle; only `train --resume` reads it back, after
-# checking its digest). MuJoCo envs pickle by re-running their constructor (EzPickle),
-# which loses the simulation, so their physics and RNG state ride along explicitly.
+# Environment state for exact resume, as arrays. Gymnasium has no state API; trustrl reads
+# the state of the envs it knows: MuJoCo's physics (mj_getState), the classic-control
+# state vectors, CartPole's numpy vector env, plus each env's RNG and time-limit counter.
+# These go into the checkpoint as plain arrays and numbers, which loading cannot turn into
+# code. Any other env resumes with fresh episodes unless its pickle is trusted explicitly
+# (``train --resume --trust-env-state``): unpickling runs whatever the file says.
+
+EnvState = dict[str, Any] | bytes | None
+"""What a row env's ``capture`` gives: arrays (safe to load), a pickle (to be trusted
+first), or None (not capturable: resume starts fresh episodes)."""
+
+# Classic-control envs whose whole dynamic state is ``state`` and these attributes.
+_CLASSIC_EXTRAS: dict[str, tuple[str, ...]] = {
+    "CartPoleEnv": ("steps_beyond_terminated",),
+    "PendulumEnv": ("last_u",),
+    "AcrobotEnv": (),
+    "MountainCarEnv": (),
+    "Continuous_MountainCarEnv": (),
+}
+_CLASSIC_MODULE = "gymnasium.envs.classic_control."
+_VECTOR_CARTPOLE = ("state", "steps", "prev_done", "steps_beyond_terminated")
 
 
 def _sub_envs(envs: gym.vector.VectorEnv) -> list[gym.Env]:
     return list(getattr(envs, "envs", []))
 
 
-def _mujoco_state(env: gym.Env) -> tuple[Any, Any, Any] | None:
-    unwrapped: Any = env.unwrapped
-    if not hasattr(unwrapped, "data") or not hasattr(unwrapped, "model"):
-        return None
-    import mujoco
-
-    spec = mujoco.mjtState.mjSTATE_INTEGRATION
-    state = np.empty(mujoco.mj_stateSize(unwrapped.model, spec))
-    mujoco.mj_getState(unwrapped.model, unwrapped.data, state, spec)
-    return state, unwrapped.np_random.bit_generator.state, _elapsed_steps(env)
+def _rng_state(env: Any) -> dict[str, Any]:
+    return dict(env.np_random.bit_generator.state)
 
 
-def _elapsed_steps(env: gym.Env) -> int | None:
+def _set_rng_state(env: Any, state: dict[str, Any]) -> None:
+    env.np_random.bit_generator.state = state
+
+
+def _time_limit(env: gym.Env) -> gym.wrappers.TimeLimit | None:
     while isinstance(env, gym.Wrapper):
         if isinstance(env, gym.wrappers.TimeLimit):
-            return env._elapsed_steps
+            return env
         env = env.env
     return None
 
 
-def _set_mujoco_state(env: gym.Env, saved: tuple[Any, Any, Any]) -> None:
-    import mujoco
+def _plain(value: Any) -> Any:
+    """An attribute as checkpoint data: arrays copied, numbers and None as they are."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not plain state")
 
-    state, rng_state, elapsed = saved
+
+def _env_arrays(env: gym.Env) -> dict[str, Any] | None:
+    """One env's state as arrays, or None when trustrl does not know its state."""
     unwrapped: Any = env.unwrapped
-    mujoco.mj_setState(unwrapped.model, unwrapped.data, state, mujoco.mjtState.mjSTATE_INTEGRATION)
-    mujoco.mj_forward(unwrapped.model, unwrapped.data)
-    unwrapped.np_random.bit_generator.state = rng_state
-    wrapper: gym.Env = env
-    while isinstance(wrapper, gym.Wrapper):
-        if isinstance(wrapper, gym.wrappers.TimeLimit):
-            wrapper._elapsed_steps = elapsed
-        wrapper = wrapper.env
+    kind = type(unwrapped)
+    limit = _time_limit(env)
+    state: dict[str, Any] = {
+        "rng": _rng_state(unwrapped),
+        "elapsed_steps": limit._elapsed_steps if limit is not None else None,
+    }
+    if hasattr(unwrapped, "model") and hasattr(unwrapped, "data") and "mujoco" in kind.__module__:
+        import mujoco
+
+        spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        physics = np.empty(mujoco.mj_stateSize(unwrapped.model, spec))
+        mujoco.mj_getState(unwrapped.model, unwrapped.data, physics, spec)
+        return {**state, "kind": "mujoco", "physics": physics}
+    extras = _CLASSIC_EXTRAS.get(kind.__name__)
+    if extras is not None and kind.__module__.startswith(_CLASSIC_MODULE):
+        names = ("state", *extras)
+        return {**state, "kind": kind.__name__, **{n: _plain(getattr(unwrapped, n)) for n in names}}
+    return None
 
 
-def capture_envs(envs: gym.vector.VectorEnv) -> bytes | None:
-    """The vector env's full state as bytes, or None where it cannot be captured
-    (subprocess envs, envs that do not pickle)."""
-    if isinstance(envs, gym.vector.AsyncVectorEnv):
+def _fits(name: str, saved: Any, current: Any) -> Any:
+    """``saved`` if it has the kind (and for arrays the shape and dtype) of ``current``:
+    a checkpoint's numbers cannot make the env step with state of another form."""
+    if isinstance(current, np.ndarray):
+        ok = (
+            isinstance(saved, np.ndarray)
+            and saved.shape == current.shape
+            and saved.dtype == current.dtype
+        )
+    else:
+        ok = current is None or saved is None or type(saved) is type(current)
+    if not ok:
+        raise ValueError(f"saved {name} does not fit this env's ({saved!r} vs {current!r})")
+    return saved
+
+
+def _set_env_arrays(env: gym.Env, saved: dict[str, Any]) -> None:
+    unwrapped: Any = env.unwrapped
+    kind = saved["kind"]
+    if kind == "mujoco":
+        import mujoco
+
+        spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        current = np.empty(mujoco.mj_stateSize(unwrapped.model, spec))
+        physics = _fits("physics", saved["physics"], current)
+        mujoco.mj_setState(unwrapped.model, unwrapped.data, physics, spec)
+        mujoco.mj_forward(unwrapped.model, unwrapped.data)
+    else:
+        if type(unwrapped).__name__ != kind:
+            raise ValueError(f"saved state of a {kind}, env is a {type(unwrapped).__name__}")
+        for name in ("state", *_CLASSIC_EXTRAS[kind]):
+            setattr(unwrapped, name, _fits(name, saved[name], getattr(unwrapped, name)))
+    _set_rng_state(unwrapped, saved["rng"])
+    limit = _time_limit(env)
+    if limit is not None:
+        limit._elapsed_steps = _fits("elapsed_steps", saved["elapsed_steps"], 0)
+
+
+def capture_arrays(envs: gym.vector.VectorEnv) -> dict[str, Any] | None:
+    """The vector env's state as arrays and numbers, or None where trustrl does not know
+    every part of it."""
+    unwrapped: Any = envs.unwrapped
+    if type(unwrapped).__name__ == "CartPoleVectorEnv" and unwrapped.state is not None:
+        return {
+            "kind": "CartPoleVectorEnv",
+            "rng": _rng_state(unwrapped),
+            **{name: _plain(getattr(unwrapped, name)) for name in _VECTOR_CARTPOLE},
+        }
+    if not isinstance(envs, gym.vector.SyncVectorEnv):
         return None
+    try:
+        subs = [_env_arrays(env) for env in _sub_envs(envs)]
+    except TypeError:
+        return None
+    if any(sub is None for sub in subs):
+        return None
+    return {"kind": "sync", "autoreset": envs._autoreset_envs.copy(), "envs": subs}
+
+
+def restore_arrays(envs: gym.vector.VectorEnv, saved: dict[str, Any]) -> None:
+    """Put ``capture_arrays``'s state back into envs built from the same config."""
+    unwrapped: Any = envs.unwrapped
+    if saved["kind"] == "CartPoleVectorEnv":
+        if type(unwrapped).__name__ != "CartPoleVectorEnv":
+            raise ValueError("saved state of CartPole's vector env, env is another")
+        for name in _VECTOR_CARTPOLE:
+            setattr(unwrapped, name, _fits(name, saved[name], getattr(unwrapped, name)))
+        _set_rng_state(unwrapped, saved["rng"])
+        return
+    subs = _sub_envs(envs)
+    if not isinstance(envs, gym.vector.SyncVectorEnv) or len(subs) != len(saved["envs"]):
+        raise ValueError("saved state of other vector envs")
+    for env, sub in zip(subs, saved["envs"], strict=True):
+        _set_env_arrays(env, sub)
+    envs._autoreset_envs[:] = _fits("autoreset", saved["autoreset"], envs._autoreset_envs)
+
+
+def capture_pickle(envs: Any) -> bytes | None:
+    """The envs pickled, for ``--trust-env-state`` only; None where pickling loses the
+    state (EzPickle rebuilds an env from its constructor arguments) or fails."""
     import pickle
 
     from gymnasium.utils import EzPickle
 
+    if isinstance(envs, gym.vector.AsyncVectorEnv):
+        return None
+    if any(isinstance(env.unwrapped, EzPickle) for env in _sub_envs(envs)):
+        return None
     try:
-        extras = [_mujoco_state(env) for env in _sub_envs(envs)]
-        for env, extra in zip(_sub_envs(envs), extras, strict=True):
-            # EzPickle rebuilds the env from its constructor arguments: its state is lost,
-            # and only MuJoCo's is put back explicitly.
-            if isinstance(env.unwrapped, EzPickle) and extra is None:
-                return None
-        return pickle.dumps((envs, extras), protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(envs, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # any failure to serialize means "not capturable", never a lost run
         return None
 
 
-def restore_envs(data: bytes) -> gym.vector.VectorEnv:
-    """Inverse of capture_envs. Unpickles: call only on data whose digest was checked."""
+def unpickle_envs(data: bytes) -> Any:
+    """Inverse of capture_pickle. Runs the code the data names: only for a run folder the
+    user said to trust (``--trust-env-state``)."""
     import pickle
 
-    envs, extras = pickle.loads(data)  # trusted run folder, digest checked by the caller
-    for env, saved in zip(_sub_envs(envs), extras, strict=True):
-        if saved is not None:
-            _set_mujoco_state(env, saved)
-    return envs
+    return pickle.loads(data)
 
 
 # Rows: every environment, single- or multi-agent, is presented to the collector as groups
@@ -252,6 +357,83 @@ class GroupStep:
     reward: np.ndarray  # (rows,)
     terminated: np.ndarray  # (rows,) bool
     truncated: np.ndarray  # (rows,) bool
+    dropped: np.ndarray | None = None
+    """(rows,) bool: the row's episode was dropped at this step for a non-finite value
+    (env.nonfinite = "drop"); the env was reset, and this step returned the first
+    observation of a new episode, as the step after an episode end does."""
+
+
+class NonFiniteError(RuntimeError):
+    """An env handed out a NaN or infinite observation or reward."""
+
+
+def check_finite(
+    env: str,
+    observed: list[GroupObs],
+    steps: list[GroupStep] | None,
+    env_step: int,
+    groups: list[AgentGroup],
+) -> None:
+    """Stop at the first non-finite observation or reward an env hands out, naming the env,
+    the row, the env step and the entries: one NaN otherwise ruins a run silently (every
+    loss turns NaN, every update step is skipped, the normalizer's statistics turn NaN).
+
+    Per step only a sum per array (NaN and infinities make it non-finite); the search
+    runs when it is not (a sum that overflows from finite values is searched and passes).
+    """
+    for index, seen in enumerate(observed):
+        total = float(seen.obs.sum())
+        if steps is not None:
+            total += float(steps[index].reward.sum())
+        if seen.critic_obs is not None:
+            total += float(seen.critic_obs.sum())
+        if not math.isfinite(total):
+            _raise_nonfinite(env, seen, steps[index] if steps else None, env_step, groups[index])
+
+
+def _raise_nonfinite(
+    env: str, seen: GroupObs, step: GroupStep | None, env_step: int, group: AgentGroup
+) -> None:
+    arrays = {"observation": seen.obs, "critic state": seen.critic_obs}
+    if step is not None:
+        arrays["reward"] = np.asarray(step.reward, dtype=np.float64)[:, None]
+    for what, array in arrays.items():
+        if array is None:
+            continue
+        bad = _nonfinite_entries(array)
+        if seen.alive is not None:
+            bad &= seen.alive[:, None]  # a finished agent's row repeats old data
+        rows = np.flatnonzero(bad.any(1))
+        if len(rows) == 0:
+            continue
+        row = int(rows[0])
+        entries = np.flatnonzero(bad[row])
+        values = array.reshape(len(array), -1)[row, entries]
+        where = "reset" if step is None else f"env step {env_step:,}"
+        agents = group.agents
+        agent = f", agent {agents[row % len(agents)]}" if agents != ("",) else ""
+        detail = ", ".join(
+            f"[{e}] = {v}" for e, v in zip(entries[:8], values[:8], strict=False)
+        ) + (", ..." if len(entries) > 8 else "")
+        more = f" (and {len(rows) - 1} more rows)" if len(rows) > 1 else ""
+        raise NonFiniteError(
+            f"{env} returned a non-finite {what} at {where}, row {row}{agent}: "
+            f"{'entries ' if what != 'reward' else ''}{detail}{more}"
+        )
+
+
+def _nonfinite_entries(array: np.ndarray) -> np.ndarray:
+    """(rows, entries) bool: where a (rows, ...) array is NaN or infinite."""
+    return ~np.isfinite(array.reshape(len(array), -1))
+
+
+def nonfinite_rows(*arrays: np.ndarray) -> np.ndarray:
+    """(rows,) bool: the rows with a NaN or infinity in any of the (rows, ...) arrays."""
+    bad = np.zeros(len(arrays[0]), dtype=bool)
+    for array in arrays:
+        if not np.isfinite(array.sum()):
+            bad |= _nonfinite_entries(array).any(1)
+    return bad
 
 
 class RowEnv(Protocol):
@@ -261,8 +443,8 @@ class RowEnv(Protocol):
     def groups(self) -> list[AgentGroup]: ...
     def reset(self, seed: int) -> list[GroupObs]: ...
     def step(self, actions: list[np.ndarray]) -> tuple[list[GroupObs], list[GroupStep]]: ...
-    def capture(self) -> bytes | None: ...
-    def restore(self, data: bytes) -> None: ...
+    def capture(self) -> EnvState: ...
+    def restore(self, data: dict[str, Any] | bytes) -> None: ...
     def close(self) -> None: ...
 
 
@@ -272,18 +454,58 @@ def make_row_env(config: Any) -> RowEnv:
     from trustrl.multiagent import ParallelRows, is_parallel_env_id, parallel_env_factory
 
     kwargs = dict(config.env.kwargs)
-    if is_parallel_env_id(config.env_id, kwargs):
-        factory = parallel_env_factory(config.env_id, kwargs)
-        return ParallelRows(factory, config.env.num_envs, config.multiagent.critic_input)
-    return GymRows(make_vec_env(config.env_id, config.env.num_envs, config.env.backend, kwargs))
+    drop = config.env.nonfinite == "drop"
+    with env_kwargs_errors(config.env_id, kwargs):
+        if is_parallel_env_id(config.env_id, kwargs):
+            if drop:
+                raise ConfigError(
+                    "env.nonfinite = 'drop' is for Gymnasium envs; a PettingZoo env's "
+                    "non-finite values stop the run ('error')"
+                )
+            factory = parallel_env_factory(config.env_id, kwargs)
+            return ParallelRows(
+                factory, config.env.num_envs, config.multiagent.critic_input, config.env_id
+            )
+        check_env_id(config.env_id)
+        if drop and resolve_backend(config.env_id, config.env.backend) == "vector":
+            raise ConfigError(
+                "env.nonfinite = 'drop' resets single envs, which the env's own vectorized "
+                "implementation cannot: use env.backend sync or async"
+            )
+        envs = make_vec_env(config.env_id, config.env.num_envs, config.env.backend, kwargs)
+        return GymRows(envs, config.env_id, drop_nonfinite=drop)
+
+
+@contextlib.contextmanager
+def env_kwargs_errors(env_id: str, kwargs: dict[str, Any]) -> Iterator[None]:
+    """An env constructor refusing one of ``env.kwargs`` -> a ConfigError naming the
+    argument and the env (the constructor's TypeError says only which argument)."""
+    try:
+        yield
+    except TypeError as exc:
+        found = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+        if not kwargs or found is None or found.group(1) not in kwargs:
+            raise
+        name = found.group(1)
+        raise ConfigError(
+            f"env.kwargs: {env_id} does not accept the keyword argument {name!r} "
+            f"(given {name} = {kwargs[name]!r}); remove it or check the env's constructor"
+        ) from None
 
 
 class GymRows:
     """A Gymnasium vector env as one group with one row per env."""
 
-    def __init__(self, envs: gym.vector.VectorEnv) -> None:
+    def __init__(
+        self, envs: gym.vector.VectorEnv, name: str = "the env", drop_nonfinite: bool = False
+    ) -> None:
         self.envs = envs
         self.num_envs = envs.num_envs
+        self.name = name
+        self.drop_nonfinite = drop_nonfinite
+        self.env_steps = 0  # vector steps since the envs were built, for messages
+        self.dropped = 0  # episodes dropped so far (drop_nonfinite)
+        self.seed = 0
         self._groups: list[AgentGroup] | None = None
 
     @property
@@ -297,6 +519,7 @@ class GymRows:
         return self.groups[0].spec
 
     def reset(self, seed: int) -> list[GroupObs]:
+        self.seed = seed
         raw, info = self.envs.reset(seed=seed)
         if self._groups is None:
             # The spaces say everything but whether the env hands out masks in its info.
@@ -307,19 +530,52 @@ class GymRows:
             )
             self._groups = [AgentGroup("", ("",), spec)]
         obs, mask = self.spec.split(raw, info)
-        return [GroupObs(obs, mask)]
+        observed = [GroupObs(obs, mask)]
+        check_finite(self.name, observed, None, self.env_steps, self.groups)
+        return observed
 
     def step(self, actions: list[np.ndarray]) -> tuple[list[GroupObs], list[GroupStep]]:
         raw, reward, terminated, truncated, info = self.envs.step(self.spec.to_env(actions[0]))
+        self.env_steps += 1
         obs, mask = self.spec.split(raw, info)
-        return [GroupObs(obs, mask)], [GroupStep(reward, terminated, truncated)]
+        observed, steps = [GroupObs(obs, mask)], [GroupStep(reward, terminated, truncated)]
+        if self.drop_nonfinite:
+            self._drop_nonfinite(observed[0], steps[0])
+        check_finite(self.name, observed, steps, self.env_steps, self.groups)
+        return observed, steps
 
-    def capture(self) -> bytes | None:
-        return capture_envs(self.envs)
+    def _drop_nonfinite(self, seen: GroupObs, step: GroupStep) -> None:
+        """Rows with a non-finite observation or reward: their env is reset at once, and
+        the step is reported as the one after an episode end (``GroupStep.dropped``).
+        The resets are seeded from the run's seed and the drops so far (reproducible)."""
+        bad = nonfinite_rows(seen.obs, np.asarray(step.reward, dtype=np.float64))
+        if not bad.any():
+            return
+        seed = self.seed + 1_000_003 * (self.dropped + 1)  # env i resets with seed + i
+        self.dropped += int(bad.sum())
+        raw, info = self.envs.reset(seed=seed, options={"reset_mask": bad})
+        obs, mask = self.spec.split(raw, info)
+        seen.obs[bad] = obs[bad]
+        if seen.mask is not None and mask is not None:
+            seen.mask[bad] = mask[bad]
+        step.reward = np.where(bad, 0.0, step.reward)
+        step.terminated = np.asarray(step.terminated) & ~bad
+        step.truncated = np.asarray(step.truncated) & ~bad
+        step.dropped = bad
 
-    def restore(self, data: bytes) -> None:
+    def capture(self) -> EnvState:
+        return capture_arrays(self.envs) or capture_pickle(self.envs)
+
+    def restore(self, data: dict[str, Any] | bytes) -> None:
+        """Arrays from ``capture``, or a pickle the caller chose to trust."""
+        if isinstance(data, dict):
+            restore_arrays(self.envs, data)
+            return
+        envs = unpickle_envs(data)
+        if not isinstance(envs, gym.vector.VectorEnv):
+            raise ValueError(f"the pickle holds {type(envs).__name__}, not a vector env")
         self.envs.close()
-        self.envs = restore_envs(data)
+        self.envs = envs
 
     def close(self) -> None:
         self.envs.close()

@@ -119,12 +119,34 @@ class TensorBoardWriter:
         self.writer.close()
 
 
-class ProgressBar:
-    """Env steps, steps per second, recent episode return and time left, live."""
+PLAIN_SECONDS = 10.0
+"""Seconds between plain progress lines when the output is not a terminal."""
 
-    def __init__(self, total_steps: int, description: str, enabled: bool = True) -> None:
+
+class ProgressBar:
+    """Env steps, steps per second, recent episode return, elapsed time and time left.
+
+    On a terminal, a live bar; otherwise (a pipe, a file, a CI log) a plain line every
+    PLAIN_SECONDS, which a log keeps whole. ``close`` ends either with what happened.
+    """
+
+    def __init__(
+        self, total_steps: int, description: str, enabled: bool = True, stream: Any = None
+    ) -> None:
         self.enabled = enabled
+        self.total = total_steps
+        self.description = description
+        self.steps, self.sps, self.ret = 0, "-", "-"
+        self.started = time.monotonic()
+        self.printed = -math.inf
+        self.live = False
         if not enabled:
+            return
+        from rich.console import Console
+
+        self.console = Console(file=stream, highlight=False)
+        self.live = self.console.is_terminal
+        if not self.live:
             return
         from rich.progress import (
             BarColumn,
@@ -140,9 +162,11 @@ class ProgressBar:
             TextColumn("{task.completed:,}/{task.total:,} steps"),
             TextColumn("{task.fields[sps]} sps"),
             TextColumn("return {task.fields[ret]}"),
+            TextColumn("elapsed"),
             TimeElapsedColumn(),
             TextColumn("left"),
             TimeRemainingColumn(),
+            console=self.console,
             refresh_per_second=4,
         )
         self.task = self.progress.add_task(description, total=total_steps, sps="-", ret="-")
@@ -151,15 +175,45 @@ class ProgressBar:
     def update(self, env_steps: int, sps: float, recent_return: float | None) -> None:
         if not self.enabled:
             return
-        ret = f"{recent_return:.1f}" if recent_return is not None else "-"
-        self.progress.update(self.task, completed=env_steps, sps=f"{sps:,.0f}", ret=ret)
+        self.steps, self.sps = env_steps, f"{sps:,.0f}"
+        self.ret = f"{recent_return:.1f}" if recent_return is not None else "-"
+        if self.live:
+            self.progress.update(self.task, completed=env_steps, sps=self.sps, ret=self.ret)
+        elif env_steps > 0 and time.monotonic() - self.printed >= PLAIN_SECONDS:
+            self.printed = time.monotonic()
+            self.console.print(self._line(), soft_wrap=True)
 
-    def close(self) -> None:
-        if self.enabled:
+    def _line(self) -> str:
+        elapsed = time.monotonic() - self.started
+        return (
+            f"{self.description}: {self.steps:,}/{self.total:,} steps, {self.sps} sps, "
+            f"return {self.ret}, elapsed {_clock(elapsed)}"
+        )
+
+    def close(self, env_steps: int | None = None, outcome: str | None = None) -> None:
+        """Stop the display; with ``outcome``, finish it saying what happened (a run that
+        stopped early shows where, not a bar frozen part way)."""
+        if not self.enabled:
+            return
+        if self.live:
+            if env_steps is not None:
+                self.progress.update(self.task, completed=env_steps, total=max(env_steps, 1))
             self.progress.stop()
+        if outcome:
+            steps = self.steps if env_steps is None else env_steps
+            elapsed = _clock(time.monotonic() - self.started)
+            self.console.print(
+                f"{self.description}: {outcome} ({steps:,} of {self.total:,} planned steps, "
+                f"elapsed {elapsed})",
+                soft_wrap=True,
+            )
 
     def print(self, *objects: Any) -> None:
         if self.enabled:
-            self.progress.console.print(*objects)
-        else:
-            print(*objects)
+            self.console.print(*objects, soft_wrap=True)
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"

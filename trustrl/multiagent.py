@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from trustrl.config import ConfigError
-from trustrl.envs import AgentGroup, GroupObs, GroupStep, is_entry_point
+from trustrl.envs import AgentGroup, GroupObs, GroupStep, check_finite, is_entry_point
 from trustrl.policy import Policy
 from trustrl.spaces import SpaceSpec
 
@@ -122,8 +122,11 @@ class ParallelRows:
         factory: Callable[[], Any],
         num_envs: int,
         critic_input: str = "global",
+        name: str = "the env",
     ) -> None:
         self.factory = factory
+        self.name = name
+        self.env_steps = 0  # steps since the envs were built, for messages
         self.num_envs = num_envs
         self.critic_input = critic_input
         self.envs = [factory() for _ in range(num_envs)]
@@ -233,7 +236,9 @@ class ParallelRows:
             self._allocate()
         for e, env in enumerate(self.envs):
             self._reset_env(e, env, seed + e)
-        return self._observed()
+        observed = self._observed()
+        check_finite(self.name, observed, None, self.env_steps, self.groups)
+        return observed
 
     def _reset_env(self, e: int, env: Any, seed: int | None) -> None:
         observations, infos = env.reset(seed=seed)
@@ -279,7 +284,10 @@ class ParallelRows:
                     np.stack([truncated[a] for a in members], 1).reshape(-1),
                 )
             )
-        return self._observed(), steps
+        self.env_steps += 1
+        observed = self._observed()
+        check_finite(self.name, observed, steps, self.env_steps, self.groups)
+        return observed, steps
 
     def capture(self) -> bytes | None:
         from gymnasium.utils import EzPickle
@@ -295,8 +303,11 @@ class ParallelRows:
         except Exception:  # any failure to serialize means "not capturable"
             return None
 
-    def restore(self, data: bytes) -> None:
-        """Inverse of capture. Unpickles: call only on data whose digest was checked."""
+    def restore(self, data: dict[str, Any] | bytes) -> None:
+        """Inverse of capture. Unpickles: only for a run folder the user said to trust
+        (``--trust-env-state``)."""
+        if not isinstance(data, bytes):
+            raise ValueError("PettingZoo envs have no array state to restore")
         self.close()
         self.__dict__.update(pickle.loads(data))
 
@@ -347,6 +358,12 @@ class MultiAgentPolicy(torch.nn.Module):
             if not present:
                 continue
             raw = [observations[a] for a in present]
+            for name, obs in zip(present, raw, strict=True):
+                if not group.spec.is_single(obs):
+                    raise ValueError(
+                        f"{name}: expected one observation of shape {group.spec.obs_shape}, "
+                        f"got shape {np.shape(obs)}"
+                    )
             if group.spec.dict_obs:
                 batch: Any = {
                     "observation": np.stack([r["observation"] for r in raw]),
@@ -365,6 +382,24 @@ class MultiAgentPolicy(torch.nn.Module):
         return actions
 
 
+def check_agents(policy: MultiAgentPolicy, env: Any, env_id: str) -> None:
+    """Refuse an env whose agents or spaces the policy was not trained for, naming them."""
+    missing = [a for g in policy.groups for a in g.agents if a not in env.possible_agents]
+    if missing:
+        raise ValueError(
+            f"this policy acts for agents {', '.join(missing)}, which {env_id} does not have "
+            f"(its agents: {', '.join(env.possible_agents)})"
+        )
+    for group in policy.groups:
+        for agent in group.agents:
+            spec = SpaceSpec.from_spaces(env.observation_space(agent), env.action_space(agent))
+            if not group.spec.compatible(spec):
+                raise ValueError(
+                    f"this policy was trained for {agent} with {group.spec.summary()}; "
+                    f"{env_id}'s {agent} has {spec.summary()}"
+                )
+
+
 def evaluate_parallel(
     policy: MultiAgentPolicy,
     env_id: str,
@@ -372,11 +407,14 @@ def evaluate_parallel(
     deterministic: bool = True,
     seed: int = 0,
     env_kwargs: dict[str, Any] | None = None,
-) -> tuple[list[float], list[int]]:
-    """Per-episode mean over agents of each agent's episode return, and episode lengths."""
+) -> tuple[list[float], list[int], dict[str, list[float]]]:
+    """Per episode: the mean over agents of each agent's return, the episode length, and
+    each agent's own return (by agent name)."""
     env = parallel_env_factory(env_id, env_kwargs)()
     returns, lengths = [], []
+    per_agent: dict[str, list[float]] = {a: [] for a in env.possible_agents}
     try:
+        check_agents(policy, env, env_id)
         for episode in range(episodes):
             observations, _ = env.reset(seed=seed + episode)
             totals = dict.fromkeys(env.possible_agents, 0.0)
@@ -391,6 +429,8 @@ def evaluate_parallel(
                 length += 1
             returns.append(float(np.mean(list(totals.values()))))
             lengths.append(length)
+            for agent, total in totals.items():
+                per_agent[agent].append(total)
     finally:
         env.close()
-    return returns, lengths
+    return returns, lengths, per_agent

@@ -109,23 +109,26 @@ class RunningMeanStd(nn.Module):
         The count is a Python float here, so the scalar arithmetic costs no numpy calls.
         """
         mean, var, count = self.arrays()
-        batch = np.asarray(batch).reshape(-1, *mean.shape)
-        n = batch.shape[0]
+        rows = np.asarray(batch).reshape(-1, *mean.shape)
+        if not np.isfinite(rows.sum()):
+            # Statistics never take a NaN or an infinity: one would stay in them for good.
+            rows = rows[np.isfinite(rows.reshape(len(rows), -1)).all(1)]
+        n = rows.shape[0]
         if n == 0:
             return
         if n == 1 and mean.ndim == 0:  # one scalar (a reward)
-            self.update_scalar(float(batch[0]))
+            self.update_scalar(float(rows[0]))
             return
         old = float(count)
         total = old + n
         if n == 1:  # one env: the batch variance is 0, skip numpy's mean and var
-            delta = batch[0] - mean
+            delta = rows[0] - mean
             var *= old / total
             var += delta * delta * (old / (total * total))
         else:
-            batch = batch.astype(np.float64, copy=False)
-            batch_mean = batch.mean(0)
-            centered = batch - batch_mean
+            rows = rows.astype(np.float64, copy=False)
+            batch_mean = rows.mean(0)
+            centered = rows - batch_mean
             batch_var = (centered * centered).mean(0)
             delta = batch_mean - mean
             var *= old / total
@@ -160,6 +163,8 @@ class RunningMeanStd(nn.Module):
     def update_scalar(self, x: float) -> None:
         """``update`` with one number, for scalar statistics: Python floats throughout, so
         the arithmetic costs no numpy calls."""
+        if not math.isfinite(x):
+            return  # never taken into the statistics (see update)
         mean, var, count = self.arrays()
         mean[...], var[...], count[...] = _welford(float(mean), float(var), float(count), x)
 
@@ -172,7 +177,7 @@ class RunningMeanStd(nn.Module):
         epsilon, clip = self.epsilon, self.clip
         scaled = []
         for x, value in zip(fold, values, strict=True):
-            if x is not None:
+            if x is not None and math.isfinite(x):
                 mean, var, count = _welford(mean, var, count, x)
             scaled.append(min(max(value * (1.0 / math.sqrt(var + epsilon)), -clip), clip))
         mean_buf[...], var_buf[...], count_buf[...] = mean, var, count
@@ -205,7 +210,7 @@ class RunningMeanStd(nn.Module):
         increment and the standardized row without repeating the subtraction.
         """
         mean, var, count = self.arrays()
-        if rows is not None or x.shape[0] != 1 or mean.ndim != 1:
+        if rows is not None or x.shape[0] != 1 or mean.ndim != 1 or not np.isfinite(x.sum()):
             self.update(x if rows is None else x[rows])
             return self.normalize_array(x, out)
         old = float(count)

@@ -172,9 +172,11 @@ class Policy(nn.Module):
         x = critic_obs if critic_obs is not None else obs
         return self.critic(self._with_id(x, agent)).squeeze(-1)
 
-    def value(
+    def critic_value(
         self, obs: Tensor, critic_obs: Tensor | None = None, agent: Tensor | None = None
     ) -> Tensor:
+        """The critic's value of normalized inputs, in reward units (``value`` is the same
+        from raw observations)."""
         raw = self.value_raw(obs, critic_obs, agent)
         norm = self.value_normalizer
         if norm is None:
@@ -210,7 +212,11 @@ class Policy(nn.Module):
         with the numpy equivalent (inference.py); this is the reference it is tested against."""
         params = self.dist_params(obs, mask, agent)
         actions = self.head.sample(params, generator)
-        return actions, self.head.log_prob(params, actions), self.value(obs, critic_obs, agent)
+        return (
+            actions,
+            self.head.log_prob(params, actions),
+            self.critic_value(obs, critic_obs, agent),
+        )
 
     def register_agent(self) -> list[tuple[nn.Parameter, nn.Parameter, int]]:
         """Add one agent: a fresh actor of its own in per-agent mode, a new id column for
@@ -258,7 +264,7 @@ class Policy(nn.Module):
         also be given directly (e.g. from ``info["action_mask"]``).
         """
         spec = self.spec
-        single = _is_single(obs, spec)
+        single = spec.is_single(obs)
         if single:
             obs = _add_batch_dim(obs)
             if mask is not None:
@@ -272,6 +278,29 @@ class Policy(nn.Module):
         actions = self.head.mode(params) if deterministic else self.head.sample(params)
         env_actions = spec.to_env(actions)
         return env_actions[0] if single else env_actions
+
+    @torch.inference_mode()
+    def value(self, obs: Any) -> Any:
+        """The critic's estimate of the return from raw observation(s), as ``act`` takes
+        them: the observation normalizer is applied and, with value normalization, the
+        output is put back into reward units (of the rewards the critic was trained on:
+        scaled ones when ``env.normalize_reward`` is on). One observation gives a float,
+        a batch a float32 array (B,).
+
+        Single-agent policies only: a multi-agent group's critic reads a global state and
+        the agent's id (``MultiAgentPolicy`` has no ``value``).
+        """
+        if self.critic_dim is not None or self.num_agents > 1:
+            raise ValueError(
+                "Policy.value reads one observation per row: this policy's critic takes a "
+                "global state and agent ids (multi-agent)"
+            )
+        single = self.spec.is_single(obs)
+        if single:
+            obs = _add_batch_dim(obs)
+        flat, _ = self.spec.split(obs)
+        values = self.critic_value(self.normalize(torch.as_tensor(flat))).numpy()
+        return float(values[0]) if single else values
 
     def describe(self) -> dict[str, Any]:
         """What it takes to rebuild this module (stored in checkpoints as JSON)."""
@@ -311,12 +340,6 @@ class Policy(nn.Module):
         from trustrl.checkpoint import load_policy
 
         return load_policy(path)
-
-
-def _is_single(obs: Any, spec: SpaceSpec) -> bool:
-    if spec.dict_obs:
-        return np.asarray(obs["observation"]).ndim == len(spec.obs_shape)
-    return np.asarray(obs).ndim == len(spec.obs_shape)
 
 
 def _add_batch_dim(obs: Any) -> Any:

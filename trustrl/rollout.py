@@ -122,10 +122,10 @@ class Rollout:
         rollout.num_steps, rollout.num_rows = steps, rows
         rollout.agent = torch.arange(rows) % num_agents
         for name in ("obs", "actions", "logprob", "values", "rewards", "valid", "last_value"):
-            setattr(rollout, name, torch.from_numpy(getattr(batch, name)))
+            setattr(rollout, name, _tensor(getattr(batch, name)))
         for name in ("critic_obs", "action_mask"):
             array = getattr(batch, name)
-            setattr(rollout, name, torch.from_numpy(array) if array is not None else None)
+            setattr(rollout, name, _tensor(array) if array is not None else None)
         rollout.terminated = torch.from_numpy(batch.terminated.astype(np.float32))
         rollout.truncated = torch.from_numpy(batch.truncated.astype(np.float32))
         rollout.advantages = torch.zeros((steps, rows))
@@ -159,6 +159,12 @@ class Rollout:
             critic_obs=rows(self.critic_obs) if self.critic_obs is not None else None,
             agent=torch.from_numpy(np.tile(self.agent.numpy(), self.num_steps).take(index)),
         )
+
+
+def _tensor(array: np.ndarray) -> Tensor:
+    """A tensor over the array's memory; a copy where it is read-only (arrays Ray hands
+    over from its object store are)."""
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
 # The fields of a batch, in the order of its constructor's arguments.

@@ -100,6 +100,47 @@ class SpaceSpec:
             f"action space must be Discrete, MultiDiscrete or Box, got {action_space}"
         )
 
+    def summary(self) -> str:
+        """The spaces in words, for messages: "observations of shape (4,), Discrete(2) actions"."""
+        if self.action_kind == "discrete":
+            actions = f"Discrete({self.nvec[0]})"
+        elif self.action_kind == "multidiscrete":
+            actions = f"MultiDiscrete({list(self.nvec)})"
+        else:
+            actions = f"Box{self.env_action_shape}"
+        return f"observations of shape {self.obs_shape}, {actions} actions"
+
+    def compatible(self, other: SpaceSpec) -> bool:
+        """Whether a policy for ``self`` can act in an env of ``other`` (same shapes and
+        action choices; Box bounds may differ, actions are clipped to the env's own)."""
+        return (
+            self.obs_shape == other.obs_shape
+            and self.action_kind == other.action_kind
+            and self.action_shape == other.action_shape
+            and self.nvec == other.nvec
+            and self.dict_obs == other.dict_obs
+        )
+
+    def is_single(self, raw: Any) -> bool:
+        """Whether ``raw`` is one observation (True) or a batch (False); a ValueError naming
+        both shapes when it is neither ``obs_shape`` nor ``(B, *obs_shape)``."""
+        if self.dict_obs:
+            if not isinstance(raw, dict) or "observation" not in raw:
+                raise ValueError(
+                    "this policy expects dict observations with 'observation' and "
+                    f"'action_mask', got {type(raw).__name__}"
+                )
+            raw = raw["observation"]
+        shape = np.shape(raw)
+        if tuple(shape) == self.obs_shape:
+            return True
+        if tuple(shape[1:]) == self.obs_shape and len(shape) == len(self.obs_shape) + 1:
+            return False
+        raise ValueError(
+            f"this policy expects observations of shape {self.obs_shape} (or a batch "
+            f"(B, {', '.join(map(str, self.obs_shape))})), got shape {tuple(shape)}"
+        )
+
     def split(
         self, raw: Any, info: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, np.ndarray | None]:

@@ -6,9 +6,11 @@ The trainer never branches on the algorithm: it calls the update registered for
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import os
+import shutil
 import signal
 import threading
 import time
@@ -37,7 +39,8 @@ from trustrl.checkpoint import (
 from trustrl.collect import make_collector
 from trustrl.config import Config, config_from_dict, config_to_dict
 from trustrl.contract import EpisodeStats, PolicySnapshot, RolloutBatch, Runner
-from trustrl.evaluate import EvalResult, evaluate
+from trustrl.envs import NonFiniteError
+from trustrl.evaluation import EvalResult, evaluate
 from trustrl.logging import ProgressBar, ProgressFile, TensorBoardWriter, truncate_progress
 from trustrl.multiagent import MultiAgentPolicy
 from trustrl.policy import Policy
@@ -79,13 +82,90 @@ def _set_aside_from_gc() -> None:
     gc.freeze()
 
 
+RUN_FILES = ("config.toml", "config_history.json", "progress.csv", "eval.json")
+RUN_FOLDERS = ("checkpoints", "tensorboard")
+FAILED_UPDATES_LIMIT = 3
+"""Iterations in a row without one successful update step after which a run stops."""
+LOSSES = ("loss_pi", "loss_v")
+"""Every update reports these; both non-finite: no step of the iteration succeeded."""
+
+
+class TrainingError(RuntimeError):
+    """A run that cannot go on; the message says why and what was kept."""
+
+
+def whole_iterations(config: Config) -> tuple[Config, str | None]:
+    """``config`` with total_steps rounded up to whole iterations, and a note saying so
+    (None when it already was): the bar, config.toml and progress.csv then agree."""
+    steps = config.num_iterations * config.batch_size
+    if steps == config.total_steps:
+        return config, None
+    note = (
+        f"total_steps {config.total_steps:,} rounded up to {steps:,}: whole iterations of "
+        f"{config.env.num_envs} envs x {config.rollout.num_steps} steps"
+    )
+    return dataclasses.replace(config, total_steps=steps), note
+
+
+def check_new_run_folder(folder: Path, overwrite: bool) -> None:
+    """A new run starts in a missing or empty folder; ``overwrite`` allows one that holds
+    an earlier run (its run files are removed) or other files (left as they are)."""
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise CheckpointError(f"run folder {folder} is a file")
+    entries = sorted(p.name for p in folder.iterdir())
+    if not entries or overwrite:
+        return
+    shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+    if (folder / "config.toml").is_file() or (folder / "checkpoints").is_dir():
+        raise CheckpointError(
+            f"run folder {folder} already holds a run ({shown}); continue it with "
+            f"`trustrl train --resume {folder}`, choose a new --run-dir, or pass --overwrite "
+            "to replace it"
+        )
+    raise CheckpointError(
+        f"run folder {folder} is not empty and is not a trustrl run ({shown}); choose a new "
+        "--run-dir, or pass --overwrite to write the run files into it anyway"
+    )
+
+
+def remove_run_files(folder: Path) -> None:
+    """What an earlier run wrote into ``folder`` (and nothing else)."""
+    for name in RUN_FILES:
+        (folder / name).unlink(missing_ok=True)
+    for name in RUN_FOLDERS:
+        if (folder / name).is_dir() and not (folder / name).is_symlink():
+            shutil.rmtree(folder / name)
+
+
 class Trainer:
+    """One run: ``Trainer(config).train()``; ``resume=True`` continues the run in
+    ``run_dir`` from its newest checkpoint.
+
+    A new run refuses a run folder that is not empty unless ``overwrite``. A resume
+    restores the environments mid-episode where their state was saved as arrays;
+    environments saved only as a pickle are unpickled with ``trust_env_state`` alone
+    (unpickling runs code from the run folder), and otherwise start fresh episodes.
+    """
+
     def __init__(
-        self, config: Config, run_dir: str | Path | None = None, resume: bool = False
+        self,
+        config: Config,
+        run_dir: str | Path | None = None,
+        resume: bool = False,
+        *,
+        overwrite: bool = False,
+        trust_env_state: bool = False,
     ) -> None:
         _set_aside_from_gc()
+        config, note = whole_iterations(config)
+        self.notes = [note] if note else []
+        """What the run changed or chose that its user should hear (printed unless quiet)."""
         self.config = config
         self.run_dir = Path(run_dir or config.run_dir or default_run_dir(config))
+        if not resume:
+            check_new_run_folder(self.run_dir, overwrite)
         torch.set_num_threads(config.torch_threads)
         # numpy's BLAS too (the collector's inference and the numpy gradients): OpenBLAS
         # otherwise starts a thread per core even for 128 x 64 matmuls, several times slower.
@@ -124,6 +204,8 @@ class Trainer:
         self.updates = [make_update(config, policy) for policy in self.policies]
         self.agent_names = [a for g in self.groups for a in g.agents if a]
         # After the envs: a bad env id or space leaves no empty run folder behind.
+        if overwrite and not resume and self.run_dir.is_dir():
+            remove_run_files(self.run_dir)
         check_writable(self.run_dir)
         self.iteration = 0
         self.version_lag = 0  # of the last batch trained on
@@ -131,11 +213,16 @@ class Trainer:
         self.wall_time = 0.0
         self.eval_result: EvalResult | None = None
         self.interrupted = False
+        self.outcome = ""
+        """How the last ``train`` call ended, in words (finished, solved: ..., paused...)."""
         self.recent_returns: list[float] = []
         self.envs_restored = False
+        self.config_changes: dict[str, list[Any]] = {}
+        """On resume: the fields that differ from the checkpoint's config, [old, new]."""
+        self.failed_updates = 0
         self.checkpoint_writer = BackgroundWriter()
         if resume:
-            self._restore()
+            self._restore(trust_env_state)
 
     # State for checkpoints.
 
@@ -161,7 +248,10 @@ class Trainer:
             "env_steps": self.env_steps,
             "wall_time": self.wall_time,
         }
-        state = snapshot(self.policy, meta, self.training_state(), self.collector.capture())
+        training, env_state = self.training_state(), self.collector.capture()
+        if isinstance(env_state, dict):  # arrays: part of the training state
+            training["env"], env_state = env_state, None
+        state = snapshot(self.policy, meta, training, env_state)
         folder, keep = checkpoints / name, self.config.checkpoint_keep
 
         def write() -> None:
@@ -174,7 +264,7 @@ class Trainer:
             self.checkpoint_writer.wait()
         return folder
 
-    def _restore(self) -> None:
+    def _restore(self, trust_env_state: bool) -> None:
         folder, meta, policy, state = load_checkpoint(self.run_dir)
         saved = config_from_dict(meta["config"])
         if saved.env_id != self.config.env_id or saved.algo != self.config.algo:
@@ -182,26 +272,54 @@ class Trainer:
                 f"{self.run_dir} holds a {saved.algo} run on {saved.env_id}, not "
                 f"{self.config.algo} on {self.config.env_id}"
             )
+        done = meta["env_steps"]
+        if self.config.total_steps <= done:
+            raise CheckpointError(
+                f"{self.run_dir} has trained {done:,} env steps already; total_steps "
+                f"{self.config.total_steps:,} leaves nothing to train (give --total-steps "
+                f"above {done:,} to train on)"
+            )
         differs = differences(policy.describe(), self.policy.describe())
         if differs:
             raise CheckpointError(
                 f"{self.run_dir} holds a policy that differs from this config's: "
                 f"{', '.join(differs)}"
             )
+        self.config_changes = config_changes(saved, self.config)
         self.policy.load_state_dict(policy.state_dict())
         for update, update_state in zip(self.updates, state["updates"], strict=True):
             update.load_state_dict(update_state)
         torch.set_rng_state(state["torch_rng"])
         self.recent_returns = list(state["recent_returns"])
         self.iteration = meta["iteration"]
-        self.env_steps = meta["env_steps"]
+        self.env_steps = done
         self.wall_time = meta["wall_time"]
-        env_state = read_env_state(folder, meta)
+        env_state = state.get("env")
+        pickled = meta.get("env_state")
+        if env_state is None and pickled and trust_env_state:
+            path = folder / pickled.get("file", "?")
+            warnings.warn(
+                f"--trust-env-state: unpickling {path}, which runs any code the file names; "
+                f"do this only for a run folder you made or trust",
+                UserWarning,
+                stacklevel=3,
+            )
+            env_state = read_env_state(folder, meta)
+        elif env_state is None and pickled:
+            self.notes.append(
+                f"the environments' state in {folder} is a pickle, which is not loaded "
+                "without --trust-env-state (unpickling runs code from the run folder)"
+            )
         if env_state is not None:
-            self.collector.load_state_dict(state["collector"], env_state)
+            try:
+                self.collector.load_state_dict(state["collector"], env_state)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CheckpointError(
+                    f"{folder}: the saved environment state does not fit this env ({exc})"
+                ) from None
             self.envs_restored = True
         else:
-            # Not capturable (e.g. subprocess envs): fresh episodes, seeded apart from the
+            # Not captured (e.g. subprocess envs): fresh episodes, seeded apart from the
             # ones the run began with.
             self.collector.load_state_dict(state["collector"])
             self.collector.reset(self.config.seed + self.iteration)
@@ -217,6 +335,14 @@ class Trainer:
         pause_at = cfg.num_iterations if iterations is None else self.iteration + iterations
         resumed = self.iteration > 0
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.config_changes:
+            record_config_changes(
+                self.run_dir / "config_history.json",
+                self.iteration,
+                self.env_steps,
+                self.config_changes,
+            )
+            self.config_changes = {}
         write_atomic(self.run_dir / "config.toml", tomli_w.dumps(config_to_dict(cfg)))
         if resumed:
             truncate_progress(self.run_dir / "progress.csv", self.iteration)
@@ -226,8 +352,12 @@ class Trainer:
         tensorboard = TensorBoardWriter(
             self.run_dir / "tensorboard", purge_step=self.env_steps + 1 if resumed else None
         )
-        bar = ProgressBar(cfg.num_iterations * cfg.batch_size, cfg.env_id, enabled=not cfg.quiet)
+        bar = ProgressBar(cfg.total_steps, cfg.env_id, enabled=not cfg.quiet)
+        for note in self.notes:
+            bar.print(f"note: {note}")
+        self.notes = []
         bar.update(self.env_steps, 0.0, None)
+        self.outcome = "stopped by an error"
         start = time.perf_counter() - self.wall_time
         session_start, session_steps = time.perf_counter(), 0
         stop = _StopOnInterrupt()
@@ -237,17 +367,27 @@ class Trainer:
                     # A Ctrl-C lands between iterations, so the checkpoint is a clean boundary.
                     self.interrupted = stop.requested
                     self.save(f"iter_{self.iteration:08d}")
+                    self.outcome = "interrupted" if self.interrupted else "paused"
                     return self.policy
                 progress = self.iteration / cfg.num_iterations
                 iteration_start = time.perf_counter()
-                rollouts, episodes = self.collect()
+                try:
+                    rollouts, episodes = self.collect()
+                except NonFiniteError as exc:
+                    raise TrainingError(f"{exc}; {self._last_checkpoint_note()}") from None
                 update_start = time.perf_counter()
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
                     metrics = self._update(progress, rollouts)
                 update_seconds = time.perf_counter() - update_start
                 for warning in caught:
-                    bar.print(f"[iteration {self.iteration + 1}] warning: {warning.message}")
+                    text = f"[iteration {self.iteration + 1}] warning: {warning.message}"
+                    if cfg.quiet:  # the caller's warning filters decide
+                        warnings.warn(text, warning.category, stacklevel=2)
+                    else:
+                        bar.print(text)
+                failed = not any(math.isfinite(metrics.get(k, math.nan)) for k in LOSSES)
+                self.failed_updates = self.failed_updates + 1 if failed else 0
                 self.iteration += 1
                 self.env_steps += cfg.batch_size
                 session_steps += cfg.batch_size
@@ -269,22 +409,31 @@ class Trainer:
                 progress_file.write(row)
                 tensorboard.write(row, self.env_steps)
                 bar.update(self.env_steps, sps, recent_mean)
+                if self.failed_updates >= FAILED_UPDATES_LIMIT:
+                    raise TrainingError(
+                        f"no update step succeeded in the last {self.failed_updates} "
+                        f"iterations (every minibatch step had a non-finite loss or gradient; "
+                        f"see nonfinite_skips in {self.run_dir / 'progress.csv'}): stopping at "
+                        f"iteration {self.iteration}; {self._last_checkpoint_note()}"
+                    )
                 if self.iteration % cfg.checkpoint_every == 0:
                     self.save(f"iter_{self.iteration:08d}", background=True)
                 target = cfg.target_return
                 if evaluation and target is not None and evaluation.mean_return >= target:
                     self.eval_result = evaluation
-                    bar.print(
+                    self.outcome = (
                         f"solved: evaluation mean {evaluation.mean_return:.1f} >= {target:g} "
                         f"after {self.env_steps:,} env steps"
                     )
                     break
+            else:
+                self.outcome = "finished"
             self.save("final")
         finally:
             gc.unfreeze()  # first: a failed last checkpoint below raises
             self.checkpoint_writer.close()  # the last write is on disk (or its error raised)
             stop.restore()
-            bar.close()
+            bar.close(self.env_steps, self.outcome)
             progress_file.close()
             tensorboard.close()
             self.collector.close()
@@ -296,6 +445,14 @@ class Trainer:
                 self.eval_result = self.evaluate()
             (self.run_dir / "eval.json").write_text(_json(self.eval_result.to_json()))
         return self.policy
+
+    def _last_checkpoint_note(self) -> str:
+        self.checkpoint_writer.wait()  # the one in flight counts, once it is on disk
+        checkpoints = self.run_dir / "checkpoints"
+        latest = checkpoints / "latest"
+        if latest.is_file():
+            return f"the last good checkpoint is {checkpoints / latest.read_text().strip()}"
+        return "no checkpoint was written"
 
     def collect(self) -> tuple[list[Rollout], EpisodeStats]:
         """One rollout through the runner contract: a snapshot out, a batch back, its
@@ -429,12 +586,56 @@ def episode_metrics(episodes: EpisodeStats, agents: list[str] | None = None) -> 
         "episode_return_max": float(returns.max()) if found else nan,
         "episode_length_mean": float(np.mean(episodes.lengths)) if found else nan,
         "episodes": float(len(returns)),
+        "dropped_episodes": float(episodes.dropped),
     }
     names = np.asarray(episodes.agents)
     for agent in agents or []:
         mine = returns[names == agent] if found else returns
         metrics[f"{agent}/episode_return"] = float(mine.mean()) if len(mine) else nan
     return metrics
+
+
+def config_changes(old: Config, new: Config) -> dict[str, list[Any]]:
+    """Fields whose value differs, by dotted name: [old, new] (None: unset)."""
+
+    def flat(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in table.items():
+            if isinstance(value, dict) and key != "kwargs":
+                out.update(flat(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    a, b = flat(dataclasses.asdict(old)), flat(dataclasses.asdict(new))
+    a.pop("quiet"), b.pop("quiet")  # how the run reports, not what it does
+    return {
+        key: [_jsonable(a.get(key)), _jsonable(b.get(key))]
+        for key in sorted(set(a) | set(b))
+        if a.get(key) != b.get(key)
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def record_config_changes(
+    path: Path, iteration: int, env_steps: int, changes: dict[str, list[Any]]
+) -> None:
+    """Append to the run's config history: which fields changed, and from which iteration
+    on (config.toml describes only the latest part of a resumed run)."""
+    import json
+
+    history = json.loads(path.read_text()) if path.is_file() else []
+    history.append(
+        {
+            "from_iteration": iteration + 1,
+            "env_steps_before": env_steps,
+            "changes": {key: {"old": old, "new": new} for key, (old, new) in changes.items()},
+        }
+    )
+    write_atomic(path, json.dumps(history, indent=1) + os.linesep)
 
 
 def _json(data: dict[str, Any]) -> str:

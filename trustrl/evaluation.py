@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import gymnasium as gym
 import numpy as np
 
-from trustrl.envs import env_factory
+from trustrl.config import ConfigError
+from trustrl.envs import env_factory, env_kwargs_errors
 from trustrl.inference import Inference
 from trustrl.policy import Policy
+from trustrl.spaces import SpaceSpec
 
 if TYPE_CHECKING:
     from trustrl.multiagent import MultiAgentPolicy
@@ -17,8 +20,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class EvalResult:
+    """Episode returns and lengths; for multi-agent envs ``returns`` holds each episode's
+    mean over agents, and ``agents`` / ``groups`` each agent's own return and each group's
+    mean over its agents (in competitive envs the overall mean says little)."""
+
     returns: list[float]
     lengths: list[int]
+    agents: dict[str, list[float]] = field(default_factory=dict)
+    groups: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def mean_return(self) -> float:
@@ -29,13 +38,25 @@ class EvalResult:
         return float(np.std(self.returns))
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "mean_return": self.mean_return,
             "std_return": self.std_return,
             "episodes": len(self.returns),
             "mean_length": float(np.mean(self.lengths)),
             "returns": self.returns,
         }
+        for key, table in (("agents", self.agents), ("groups", self.groups)):
+            if table:
+                out[key] = {name: _summary(returns) for name, returns in table.items()}
+        return out
+
+
+def _summary(returns: list[float]) -> dict[str, Any]:
+    return {
+        "mean_return": float(np.mean(returns)),
+        "std_return": float(np.std(returns)),
+        "returns": returns,
+    }
 
 
 def evaluate(
@@ -52,10 +73,16 @@ def evaluate(
     from trustrl.multiagent import MultiAgentPolicy, evaluate_parallel
 
     if isinstance(policy, MultiAgentPolicy):
-        # The mean over agents of each agent's episode return, per episode.
-        return EvalResult(
-            *evaluate_parallel(policy, env_id, episodes, deterministic, seed, env_kwargs)
+        means, episode_lengths, agents = evaluate_parallel(
+            policy, env_id, episodes, deterministic, seed, env_kwargs
         )
+        groups = {
+            group.name: [
+                float(np.mean([agents[a][e] for a in group.agents])) for e in range(episodes)
+            ]
+            for group in policy.groups
+        }
+        return EvalResult(means, episode_lengths, agents, groups)
     # Up to PARALLEL episodes at a time, one env each, so the policy runs once per step
     # on a batch rather than once per env step; each episode keeps its own seed, so the
     # results are those of running the episodes one after another. The policy acts
@@ -65,8 +92,10 @@ def evaluate(
     returns: list[float] = [0.0] * episodes
     lengths: list[int] = [0] * episodes
     make = env_factory(env_id, env_kwargs)
-    envs = [make() for _ in range(min(episodes, PARALLEL))]
+    with env_kwargs_errors(env_id, dict(env_kwargs or {})):
+        envs = [make() for _ in range(min(episodes, PARALLEL))]
     try:
+        check_spaces(policy.spec, envs[0], env_id)
         for first in range(0, episodes, PARALLEL):
             running = list(range(first, min(first + PARALLEL, episodes)))
             slots = dict(zip(running, envs, strict=False))
@@ -91,6 +120,18 @@ def evaluate(
 
 
 PARALLEL = 16  # episodes evaluated at once
+
+
+def check_spaces(spec: SpaceSpec, env: gym.Env, env_id: str) -> None:
+    """Refuse an env whose spaces the policy was not trained for, naming both."""
+    try:
+        env_spec = SpaceSpec.from_spaces(env.observation_space, env.action_space)
+    except ConfigError as exc:
+        raise ValueError(f"{env_id}: {exc}") from None
+    if not spec.compatible(env_spec):
+        raise ValueError(
+            f"this policy was trained for {spec.summary()}; {env_id} has {env_spec.summary()}"
+        )
 
 
 class _Actor:
