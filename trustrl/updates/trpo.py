@@ -219,17 +219,15 @@ class TRPOUpdate:
     def fit_critic(self, policy: Policy, batch: Batch) -> dict[str, float]:
         cfg = self.config
         grads = self.gradients
-        grads.bind()
         epoch_losses: list[float] = []
         for _ in range(cfg.train_vf_iters):
             losses = []
             for mb in grads.minibatches(batch, cfg.minibatches, self.generator):
-                value = grads.value_term(mb)
+                terms, mb_grads = grads.step(mb, fit_policy=False, fit_value=True)
+                value = terms["loss/value"]
                 if not math.isfinite(value):
                     continue
-                grad = grads.gradient("vf", policy=False, value=True)
-                assert grad is not None
-                self.vf_optimizer.step(grad)
+                self.vf_optimizer.step(mb_grads["vf"])
                 losses.append(value)
             if losses:
                 epoch_losses.append(sum(losses) / len(losses))
