@@ -39,6 +39,12 @@ def clipped_surrogate(
     return -torch.min(unclipped, clipped).mean(), log_ratio
 
 
+def surrogate(logprob: Tensor, old_logprob: Tensor, advantages: Tensor) -> Tensor:
+    """TRPO's objective, to be maximized: mean(r A), r = pi_new / pi_old on old samples
+    (its gradient at r = 1 is the policy gradient; the KL bound keeps r near 1)."""
+    return ((logprob - old_logprob).exp() * advantages).mean()
+
+
 def policy_terms(
     logprob: Tensor,
     old_logprob: Tensor,
