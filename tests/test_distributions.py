@@ -15,10 +15,8 @@ from trustrl.distributions import (
     MultiCategoricalHead,
     NumpyCategorical,
     NumpyGaussian,
-    log_softmax_array,
-    row_max,
-    row_sum,
 )
+from trustrl.kernels import log_softmax_array, row_max, row_sum
 
 IN_FEATURES = 4
 BATCH = 6
@@ -325,8 +323,10 @@ def test_numpy_twins_match_their_heads(kind: str, masked: bool) -> None:
 @pytest.mark.parametrize(("kind", "masked"), TWINS)
 @pytest.mark.parametrize("ent_coef", [0.0, 0.1])
 def test_numpy_twin_backward_is_autograds(kind: str, masked: bool, ent_coef: float) -> None:
-    """d/d outputs (and log_std) of sum(w * logprob) - ent_coef * mean(entropy), the shape
-    of every loss the numpy gradients build on a head, against autograd."""
+    """``terms`` (the gradient path's forward pass) equal to the head's log-prob and mean
+    entropy, and ``backward``: d/d outputs (and log_std) of sum(w * logprob) - ent_coef *
+    mean(entropy), the shape of every loss the numpy gradients build on a head, against
+    autograd."""
     head, twin, x, mask, actions = twin_case(kind, masked)
     weights = torch.linspace(-1.0, 2.0, TWIN_ROWS)
     out = head.linear(x).detach().requires_grad_(True)
@@ -335,10 +335,12 @@ def test_numpy_twin_backward_is_autograds(kind: str, masked: bool, ent_coef: flo
     loss = (weights * head.log_prob(params, actions)).sum() - ent_coef * head.entropy(params).mean()
     loss.backward()
     np_mask = mask.numpy() if mask is not None else None
-    np_params = twin.params(out.detach().numpy(), np_mask)
-    d_out, d_log_std = twin.backward(
-        np_params, actions.numpy(), weights.numpy(), -ent_coef, np_mask
-    )
+    logprob, entropy, residuals = twin.terms(out.detach().numpy(), actions.numpy(), np_mask)
+    with torch.no_grad():
+        want_logprob, want_entropy = head.log_prob(params, actions), head.entropy(params).mean()
+    np.testing.assert_allclose(logprob, want_logprob, rtol=1e-5, atol=1e-5)
+    assert entropy == pytest.approx(float(want_entropy), rel=1e-5, abs=1e-6)
+    d_out, d_log_std = twin.backward(residuals, weights.numpy(), -ent_coef)
     assert out.grad is not None
     np.testing.assert_allclose(d_out, out.grad.numpy(), rtol=1e-5, atol=1e-6)
     if kind == "gaussian":

@@ -258,7 +258,12 @@ def test_policy_terms_numpy_is_policy_terms(norm_adv: bool) -> None:
     want = policy_terms(logprob, old, advantages, entropy, EPS, norm_adv)
     (d_logprob,) = torch.autograd.grad(want["loss/policy"], logprob)
     got, d_numpy = policy_terms_numpy(
-        logprob.detach().numpy(), old.numpy(), advantages.numpy(), entropy.numpy(), EPS, norm_adv
+        logprob.detach().numpy(),
+        old.numpy(),
+        advantages.numpy(),
+        float(entropy.mean()),
+        EPS,
+        norm_adv,
     )
     assert got.keys() == want.keys()
     for name, value in want.items():

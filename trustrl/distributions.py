@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from trustrl.kernels import log_softmax_array, row_sum
+
 # A finite stand-in for -inf: exp() of it is exactly 0 in float32, and 0 * it is 0, so
 # entropies and KLs over masked actions stay finite (an -inf would give NaN there).
 MASKED_LOGIT = -1e8
@@ -259,19 +261,25 @@ class NumpyCategorical:
             return perturbed.argmax(-1)
         return np.stack([perturbed[:, lo:hi].argmax(-1) for lo, hi in self.blocks], -1)
 
+    def terms(
+        self, logits: np.ndarray, actions: np.ndarray, mask: np.ndarray | None
+    ) -> tuple[np.ndarray, float, tuple]:
+        """The gradient path's forward pass: (log-probabilities (rows,), the mean entropy
+        over rows, what ``backward`` needs)."""
+        params = self.params(logits, mask)
+        probs = np.exp(params)
+        # The mean over rows of each row's summed entropies: one sum over everything.
+        entropy = -float((probs * params).sum()) / len(params)
+        return self.log_prob(params, actions), entropy, (params, probs, actions, mask)
+
     def backward(
-        self,
-        params: np.ndarray,
-        actions: np.ndarray,
-        d_logprob: np.ndarray,
-        d_entropy: float,
-        mask: np.ndarray | None,
+        self, residuals: tuple, d_logprob: np.ndarray, d_entropy: float
     ) -> tuple[np.ndarray, None]:
         """d loss / d logits (rows, width) for a loss with d loss / d logprob ``d_logprob``
-        (rows,) and d loss / d (the mean over rows of the entropy) ``d_entropy``; no
-        parameter of the head's own (the second item, a Gaussian's log-std gradient)."""
+        (rows,) and d loss / d (the mean entropy) ``d_entropy``, from ``terms``'
+        residuals; no parameter of the head's own (a Gaussian's log-std) to differentiate."""
+        params, probs, actions, mask = residuals
         n = len(params)
-        probs = np.exp(params)
         # d logprob / d logits = onehot(action) - softmax, per block.
         d_out = -d_logprob[:, None] * probs
         rows = np.arange(n)
@@ -361,8 +369,7 @@ class NumpyGaussian:
         self, params: np.ndarray, actions: np.ndarray, agent: np.ndarray | None = None
     ) -> np.ndarray:
         log_std = self._rows(self.log_std, agent)
-        z = (actions - params) * np.exp(-log_std)
-        return row_sum(np.float32(-0.5) * z * z - log_std - _LOG_SQRT_2PI)[:, 0]
+        return _log_density((actions - params) * np.exp(-log_std), log_std)
 
     def log_prob_of_noise(self, noise: np.ndarray, agent: np.ndarray | None) -> np.ndarray:
         """``log_prob`` of the actions ``act`` made with ``noise`` = std z: -z.z / 2 -
@@ -394,25 +401,34 @@ class NumpyGaussian:
         """mean + std z (``sample``), or with ``noise`` None the mean (``mode``)."""
         return means + noise if noise is not None else means
 
-    def backward(
-        self,
-        params: np.ndarray,
-        actions: np.ndarray,
-        d_logprob: np.ndarray,
-        d_entropy: float,
-        mask: np.ndarray | None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(d loss / d means (rows, d), d loss / d log_std (d,)) for a loss with d loss /
-        d logprob ``d_logprob`` (rows,) and d loss / d mean entropy ``d_entropy``. A shared
-        log-std only (per-agent heads train by autograd)."""
+    def terms(
+        self, means: np.ndarray, actions: np.ndarray, mask: np.ndarray | None
+    ) -> tuple[np.ndarray, float, tuple]:
+        """The gradient path's forward pass: (log-probabilities (rows,), the mean entropy,
+        what ``backward`` needs). A shared log-std only (per-agent heads train by
+        autograd)."""
         assert self.log_std.ndim == 1
         inv_std = np.exp(-self.log_std)
-        z = (actions - params) * inv_std
+        z = (actions - means) * inv_std
+        entropy = float(np.sum(np.float32(0.5) + _LOG_SQRT_2PI + self.log_std))
+        return _log_density(z, self.log_std), entropy, (z, inv_std)
+
+    def backward(
+        self, residuals: tuple, d_logprob: np.ndarray, d_entropy: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(d loss / d means (rows, d), d loss / d log_std (d,)) for a loss with d loss /
+        d logprob ``d_logprob`` (rows,) and d loss / d mean entropy ``d_entropy``."""
+        z, inv_std = residuals
         d_means = d_logprob[:, None] * z * inv_std
         # d logprob / d log_std = z^2 - 1; the entropy's is 1 per dimension.
         d_log_std = np.sum(d_logprob[:, None] * (z * z - 1.0), axis=0)
         d_log_std += np.float32(d_entropy)
-        return d_means.astype(np.float32, copy=False), d_log_std.astype(np.float32, copy=False)
+        return d_means, d_log_std
+
+
+def _log_density(z: np.ndarray, log_std: np.ndarray) -> np.ndarray:
+    """(rows,) log N(a; mean, std) from z = (a - mean) / std."""
+    return row_sum(np.float32(-0.5) * z * z - log_std - _LOG_SQRT_2PI)[:, 0]
 
 
 class NumpyHead(Protocol):
@@ -433,13 +449,11 @@ class NumpyHead(Protocol):
         noise: np.ndarray | None,
         agent: np.ndarray | None = None,
     ) -> np.ndarray: ...
+    def terms(
+        self, out: np.ndarray, actions: np.ndarray, mask: np.ndarray | None
+    ) -> tuple[np.ndarray, float, tuple]: ...
     def backward(
-        self,
-        params: np.ndarray,
-        actions: np.ndarray,
-        d_logprob: np.ndarray,
-        d_entropy: float,
-        mask: np.ndarray | None,
+        self, residuals: tuple, d_logprob: np.ndarray, d_entropy: float
     ) -> tuple[np.ndarray, np.ndarray | None]: ...
 
 
@@ -452,30 +466,3 @@ def numpy_head(
         assert log_std is not None
         return NumpyGaussian(log_std)
     return NumpyCategorical(nvec)
-
-
-# Reductions along a short last axis, for the twins' log-softmax and sums.
-
-
-def log_softmax_array(logits: np.ndarray) -> np.ndarray:
-    """Log-softmax over the last axis of (n, K) logits."""
-    shifted = logits - row_max(logits)
-    return shifted - np.log(row_sum(np.exp(shifted)))
-
-
-def row_max(x: np.ndarray) -> np.ndarray:
-    """(n, K) -> (n, 1), each row's maximum. numpy's reduction along a short last axis
-    is slow, so up to 16 columns it runs as elementwise maxima of the columns instead."""
-    columns = x.shape[1]
-    if columns > 16:
-        return x.max(-1, keepdims=True)
-    out = x[:, :1].copy()
-    for k in range(1, columns):
-        np.maximum(out, x[:, k : k + 1], out=out)
-    return out
-
-
-def row_sum(x: np.ndarray) -> np.ndarray:
-    """(n, K) -> (n, 1), each row's sum, as a matmul with ones: faster than ``x.sum(-1)``
-    along a short last axis."""
-    return x @ np.ones((x.shape[1], 1), dtype=x.dtype)

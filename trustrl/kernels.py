@@ -1,4 +1,5 @@
-"""The numpy MLP: one forward pass (plain and stacked per agent) and its backward pass.
+"""The numpy kernels: the MLP's forward pass (plain and stacked per agent) and backward
+pass, and the row reductions of the heads' numpy twins.
 
 Both numpy paths run their networks here: the collector's acting (inference.py) and the
 hand-written PPO gradients (updates/grads.py). Torch's ``Policy`` is the reference;
@@ -18,6 +19,20 @@ from collections.abc import Sequence
 import numpy as np
 
 _ZERO, _ONE = np.float32(0.0), np.float32(1.0)
+
+# One read-only vector of ones per dtype, grown as needed; ``ones`` hands out its prefix.
+_ONES: dict[np.dtype, np.ndarray] = {}
+
+
+def ones(n: int, dtype: np.dtype) -> np.ndarray:
+    """n ones (read-only), the operand of the sums done as matmuls below: made once, as
+    ``np.ones``' Python wrapper costs about what the sum it serves does."""
+    vector = _ONES.get(dtype)
+    if vector is None or len(vector) < n:
+        vector = np.ones(max(n, 256), dtype=dtype)
+        vector.flags.writeable = False
+        _ONES[dtype] = vector
+    return vector[:n]
 
 
 class Dense:
@@ -105,7 +120,7 @@ def backward(
         np.matmul(delta.T, hidden[i], out=grad_weight)
         # A sum over rows as a matmul: several times faster than np.sum(axis=0) on
         # minibatch-sized arrays.
-        np.matmul(np.ones(len(delta), dtype=delta.dtype), delta, out=grad_bias)
+        np.matmul(ones(len(delta), delta.dtype), delta, out=grad_bias)
         if i == 0:
             break
         weight = layers[i].weight
@@ -119,3 +134,30 @@ def backward(
             delta *= slope
         else:
             delta *= h > 0
+
+
+# Reductions along a short last axis: the heads' log-softmax (a few actions) and sums.
+
+
+def log_softmax_array(logits: np.ndarray) -> np.ndarray:
+    """Log-softmax over the last axis of (n, K) logits."""
+    shifted = logits - row_max(logits)
+    return shifted - np.log(row_sum(np.exp(shifted)))
+
+
+def row_max(x: np.ndarray) -> np.ndarray:
+    """(n, K) -> (n, 1), each row's maximum. numpy's reduction along a short last axis
+    is slow, so up to 16 columns it runs as elementwise maxima of the columns instead."""
+    columns = x.shape[1]
+    if columns > 16:
+        return x.max(-1, keepdims=True)
+    out = x[:, :1].copy()
+    for k in range(1, columns):
+        np.maximum(out, x[:, k : k + 1], out=out)
+    return out
+
+
+def row_sum(x: np.ndarray) -> np.ndarray:
+    """(n, K) -> (n, 1), each row's sum, as a matmul with ones: faster than ``x.sum(-1)``
+    along a short last axis."""
+    return x @ ones(x.shape[1], x.dtype)[:, None]

@@ -71,11 +71,12 @@ def policy_terms_numpy(
     logprob: np.ndarray,
     old_logprob: np.ndarray,
     advantages: np.ndarray,
-    entropy: np.ndarray,
+    entropy: float,
     clip_coef: float,
     norm_adv: bool = True,
 ) -> tuple[dict[str, float], np.ndarray]:
-    """``policy_terms`` in numpy, and d loss/policy / d logprob (rows,).
+    """``policy_terms`` in numpy, and d loss/policy / d logprob (rows,); ``entropy`` is the
+    minibatch's mean (the numpy heads' ``terms`` give it so).
 
     Means as sums / n throughout: ndarray.mean's Python wrapper costs more than the
     arithmetic on a minibatch."""
@@ -88,7 +89,7 @@ def policy_terms_numpy(
     clipped = np.minimum(np.maximum(ratio, 1.0 - clip_coef), 1.0 + clip_coef) * advantages
     terms = {
         "loss/policy": -float(np.minimum(unclipped, clipped).sum()) / n,
-        "loss/entropy": float(entropy.sum()) / n,
+        "loss/entropy": entropy,
         "diag/approx_kl": (float(ratio.sum()) - n - float(log_ratio.sum())) / n,
         "diag/clip_fraction": np.count_nonzero(np.abs(ratio - 1.0) > clip_coef) / n,
     }

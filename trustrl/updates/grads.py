@@ -327,15 +327,9 @@ class NumpyGradients:
         """The policy terms into ``terms`` and, unless the KL stop binds (returned), the
         actor's gradient into its flat buffer."""
         hidden = kernels.forward(self.actor, self.activation, mb.obs)
-        head, mask = self.head, mb.action_mask
-        params = head.params(hidden[-1], mask)
+        logprob, entropy, residuals = self.head.terms(hidden[-1], mb.actions, mb.action_mask)
         named, d_logprob = policy_terms_numpy(
-            head.log_prob(params, mb.actions),
-            mb.logprob,
-            mb.advantages,
-            head.entropy(params),
-            clip_coef,
-            self.config.norm_adv,
+            logprob, mb.logprob, mb.advantages, entropy, clip_coef, self.config.norm_adv
         )
         terms.update(named)
         stop = _kl_stop(terms["diag/approx_kl"], target_kl)
@@ -343,7 +337,7 @@ class NumpyGradients:
         if stop:
             del terms["loss/policy"], terms["loss/entropy"]
             return True
-        d_out, d_log_std = head.backward(params, mb.actions, d_logprob, -self.config.ent_coef, mask)
+        d_out, d_log_std = self.head.backward(residuals, d_logprob, -self.config.ent_coef)
         kernels.backward(self.actor, self.activation, hidden, d_out, self.actor_grads)
         if d_log_std is not None:
             assert self.log_std_grad is not None
