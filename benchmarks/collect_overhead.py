@@ -4,7 +4,7 @@
     PYTHONPATH=/path/to/other/checkout .venv/bin/python benchmarks/collect_overhead.py --case 1
 
 Each round times one ``Collector.collect`` of the case's rollout (the policy untrained,
-the normalizers updating as in training), then the same number of vector steps of a
+from one snapshot), then the same number of vector steps of a
 second vector env built the same way, with random actions: the env-only ceiling of
 ``benchmarks/run.py``. Alternating them in one process keeps the machine's drift out of
 their ratio. Also timed: the vector env's ``step`` inside ``collect``, so the rest is the
@@ -39,8 +39,8 @@ def main() -> int:
     settings = cases.settings(args.case)
     with tempfile.TemporaryDirectory(prefix="trustrl-collect-") as run_dir:
         trainer = trustrl.Trainer(config_from_dict(cases.trustrl_table(settings, 1, run_dir)))
-    collector, policies, rollouts = trainer.collector, trainer.policies, trainer.rollouts
-    num_envs, num_steps = collector.num_envs, rollouts[0].num_steps
+    collector = trainer.collector
+    num_envs, num_steps = collector.num_envs, collector.num_steps
 
     envs = collector.envs
     inner_step = envs.step
@@ -59,7 +59,7 @@ def main() -> int:
     ceiling.action_space.seed(1)
     actions = [ceiling.action_space.sample() for _ in range(1000)]
 
-    collector.collect(policies, rollouts)  # warm-up of both
+    collector.collect(trainer.snapshot())  # warm-up of both
     for i in range(50):
         ceiling.step(actions[i % len(actions)])
 
@@ -69,8 +69,9 @@ def main() -> int:
     rows = []
     for r in range(args.rounds):
         env_time[0] = 0.0
+        snapshot = trainer.snapshot()  # once per rollout, as the trainer takes it
         start = time.perf_counter()
-        collector.collect(policies, rollouts)
+        collector.collect(snapshot)
         collect_s = time.perf_counter() - start
         own_us = (collect_s - env_time[0]) / num_steps * 1e6
 

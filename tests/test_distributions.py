@@ -9,17 +9,14 @@ import pytest
 import torch
 from torch.distributions import Categorical, Independent, Normal, kl_divergence
 
-from trustrl import distributions
 from trustrl.distributions import (
-    TANH_VIA_SIGMOID_MIN,
     CategoricalHead,
     DiagGaussianHead,
     MultiCategoricalHead,
-    log_softmax_array,
-    row_max,
-    row_sum,
-    tanh_array,
+    NumpyCategorical,
+    NumpyGaussian,
 )
+from trustrl.kernels import log_softmax_array, row_max, row_sum
 
 IN_FEATURES = 4
 BATCH = 6
@@ -258,44 +255,134 @@ def test_numpy_row_reductions_and_log_softmax(columns: int) -> None:
     np.testing.assert_allclose(log_softmax_array(x), expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("via_sigmoid", [True, False], ids=["sigmoid-form", "numpy-only"])
-@pytest.mark.parametrize("rows", [3, TANH_VIA_SIGMOID_MIN // 64, 1024])
-def test_tanh_array_is_tanh_in_place(
-    rows: int, via_sigmoid: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Both of tanh_array's ways (numpy's tanh below the size threshold or where its tanh
-    is the fast one, the sigmoid form from the threshold on otherwise) against float64
-    tanh: within 2e-7 everywhere, exact at 0 and saturated at the ends, odd, and written
-    into the array it was given (a strided view too)."""
-    monkeypatch.setattr(distributions, "TANH_VIA_SIGMOID", via_sigmoid)
-    rng = np.random.default_rng(rows)
-    x = rng.normal(0.0, 3.0, size=(rows, 64)).astype(np.float32)
-    x[0, :4] = [0.0, 30.0, -30.0, 1e-6]
-    expected = np.tanh(x.astype(np.float64))
-    out = x.copy()
-    assert tanh_array(out) is out
-    assert np.abs(out - expected).max() <= 2e-7
-    assert out[0, 0] == 0.0 and out[0, 1] == 1.0 and out[0, 2] == -1.0
-    np.testing.assert_allclose(tanh_array(-x.copy()), -expected, rtol=0, atol=2e-7)
-    wide = np.zeros((rows, 128), dtype=np.float32)
-    wide[:, ::2] = x
-    view = wide[:, ::2]
-    tanh_array(view)
-    np.testing.assert_allclose(view, expected, rtol=0, atol=2e-7)
-    assert not wide[:, 1::2].any()
+# The numpy twins (NumpyCategorical, NumpyGaussian) against their torch heads.
+
+TWIN_ROWS = 7
 
 
-def test_the_tanh_route_follows_numpys_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The sigmoid form is skipped exactly where numpy reports its AVX-512 tanh loop, and
-    taken where numpy cannot say."""
-    from numpy.lib import introspect
+def twin_case(kind: str, masked: bool = False):
+    """A torch head, its numpy twin, raw head outputs (rows, width), a mask, actions."""
+    torch.manual_seed(5)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(TWIN_ROWS, IN_FEATURES, generator=g, dtype=torch.float32)
+    if kind == "gaussian":
+        head: torch.nn.Module = DiagGaussianHead(IN_FEATURES, 3)
+        with torch.no_grad():
+            head.log_std.copy_(torch.tensor([-0.5, 0.3, -1.2]))
+        twin: NumpyCategorical | NumpyGaussian = NumpyGaussian(head.log_std.detach().numpy())
+        actions = torch.randn(TWIN_ROWS, 3, generator=g)
+        return head, twin, x, None, actions
+    nvec = (5,) if kind == "categorical" else (3, 2, 4)
+    head = (
+        CategoricalHead(IN_FEATURES, 5)
+        if kind == "categorical"
+        else MultiCategoricalHead(IN_FEATURES, nvec)
+    )
+    twin = NumpyCategorical(nvec)
+    mask = None
+    if masked:
+        mask = torch.rand(TWIN_ROWS, sum(nvec), generator=g) > 0.4
+        for lo, _ in twin.blocks:
+            mask[:, lo] = True
+    blocks = []
+    for i, n in enumerate(nvec):
+        lo = twin.blocks[i][0]
+        allowed = mask[:, lo : lo + n] if mask is not None else torch.ones(TWIN_ROWS, n, dtype=bool)
+        # An allowed action per row, drawn among them.
+        choice = torch.multinomial(allowed.float(), 1, generator=g)[:, 0]
+        blocks.append(choice)
+    actions = blocks[0] if kind == "categorical" else torch.stack(blocks, -1)
+    return head, twin, x, mask, actions
 
-    def report(current: str):
-        return lambda **_: {"tanh": {"ff": {"current": current, "available": current}}}
 
-    monkeypatch.setattr(introspect, "opt_func_info", report("X86_V4"))
-    assert distributions._numpy_tanh_is_fast()
-    monkeypatch.setattr(introspect, "opt_func_info", report("X86_V3"))
-    assert not distributions._numpy_tanh_is_fast()
-    monkeypatch.setattr(introspect, "opt_func_info", lambda **_: {})
-    assert not distributions._numpy_tanh_is_fast()
+TWINS = [
+    ("categorical", False),
+    ("categorical", True),
+    ("multi", False),
+    ("multi", True),
+    ("gaussian", False),
+]
+
+
+@pytest.mark.parametrize(("kind", "masked"), TWINS)
+def test_numpy_twins_match_their_heads(kind: str, masked: bool) -> None:
+    head, twin, x, mask, actions = twin_case(kind, masked)
+    with torch.no_grad():
+        params = head(x, mask)
+        out = head.linear(x).numpy()
+    np_mask = mask.numpy() if mask is not None else None
+    np_params = twin.params(out, np_mask)
+    np_actions = actions.numpy()
+    np.testing.assert_allclose(
+        twin.log_prob(np_params, np_actions), head.log_prob(params, actions), rtol=1e-5, atol=1e-5
+    )
+    np.testing.assert_allclose(twin.entropy(np_params), head.entropy(params), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(twin.act(out, np_mask, None), head.mode(params).numpy())
+
+
+@pytest.mark.parametrize(("kind", "masked"), TWINS)
+@pytest.mark.parametrize("ent_coef", [0.0, 0.1])
+def test_numpy_twin_backward_is_autograds(kind: str, masked: bool, ent_coef: float) -> None:
+    """``terms`` (the gradient path's forward pass) equal to the head's log-prob and mean
+    entropy, and ``backward``: d/d outputs (and log_std) of sum(w * logprob) - ent_coef *
+    mean(entropy), the shape of every loss the numpy gradients build on a head, against
+    autograd."""
+    head, twin, x, mask, actions = twin_case(kind, masked)
+    weights = torch.linspace(-1.0, 2.0, TWIN_ROWS)
+    out = head.linear(x).detach().requires_grad_(True)
+    head.linear = torch.nn.Identity()  # the head's own forward, from its raw outputs
+    params = head(out, mask)
+    loss = (weights * head.log_prob(params, actions)).sum() - ent_coef * head.entropy(params).mean()
+    loss.backward()
+    np_mask = mask.numpy() if mask is not None else None
+    logprob, entropy, residuals = twin.terms(out.detach().numpy(), actions.numpy(), np_mask)
+    with torch.no_grad():
+        want_logprob, want_entropy = head.log_prob(params, actions), head.entropy(params).mean()
+    np.testing.assert_allclose(logprob, want_logprob, rtol=1e-5, atol=1e-5)
+    assert entropy == pytest.approx(float(want_entropy), rel=1e-5, abs=1e-6)
+    d_out, d_log_std = twin.backward(residuals, weights.numpy(), -ent_coef)
+    assert out.grad is not None
+    np.testing.assert_allclose(d_out, out.grad.numpy(), rtol=1e-5, atol=1e-6)
+    if kind == "gaussian":
+        assert d_log_std is not None and head.log_std.grad is not None
+        np.testing.assert_allclose(d_log_std, head.log_std.grad.numpy(), rtol=1e-5, atol=1e-6)
+    else:
+        assert d_log_std is None
+
+
+@pytest.mark.parametrize("per_agent", [False, True])
+def test_gaussian_log_prob_of_its_noise_is_its_log_prob(per_agent: bool) -> None:
+    """The acting path's log-density from the draw equals the one from the action."""
+    log_std = np.array(
+        [[-0.5, 0.3, -1.2], [0.2, -0.1, 0.0]] if per_agent else [-0.5, 0.3, -1.2], dtype=np.float32
+    )
+    twin = NumpyGaussian(log_std)
+    agent = np.arange(40) % 2
+    means = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)
+    noise = twin.noise(np.random.default_rng(1), 1, agent)[0]
+    actions = twin.act(means, None, noise)
+    np.testing.assert_allclose(
+        twin.log_prob_of_noise(noise, agent),
+        twin.log_prob(means, actions, agent),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    # The draws are std z: their spread per dimension is each row's agent's std.
+    many = twin.noise(np.random.default_rng(2), 4000, agent[:2])
+    std = np.exp(log_std if per_agent else np.stack([log_std, log_std]))
+    np.testing.assert_allclose(many.std(0), std, rtol=0.05)
+
+
+def test_categorical_twin_samples_with_the_heads_frequencies() -> None:
+    """argmax(logits + Gumbel) draws each allowed action with its renormalized probability."""
+    twin = NumpyCategorical((5,))
+    logits = np.array([[0.0, 1.0, -1.0, 0.5, 2.0]], dtype=np.float32)
+    mask = np.array([[True, True, False, True, True]])
+    draws = 40_000
+    noise = twin.noise(np.random.default_rng(3), draws, np.zeros(1, dtype=np.int64))[:, 0]
+    samples = twin.act(np.repeat(logits, draws, 0), np.repeat(mask, draws, 0), noise)
+    expected = renormalized(torch.from_numpy(logits), torch.from_numpy(mask))[0].double()
+    freq = torch.from_numpy(np.bincount(samples, minlength=5)).double() / draws
+    tolerance = 4 * torch.sqrt(expected * (1 - expected) / draws) + 1e-12
+    assert freq[2] == 0.0
+    assert torch.all((freq - expected).abs() <= tolerance), (freq, expected)

@@ -2,8 +2,9 @@
 
 ``NumpyGradients`` is a hand-written backward pass of the PPO losses, so every quantity
 it produces is checked against ``TorchGradients`` (autograd on the losses of losses.py):
-the four policy terms, the value loss, and each optimizer's flat gradient, for every
-head, activation, mask and loss option; then whole updates, step for step.
+the named terms (losses.py's ``policy_terms`` and ``value_terms`` against their numpy
+twins) and each optimizer's flat gradient, for every head, activation, mask and loss
+option; then whole updates, step for step.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from trustrl import distributions
 from trustrl.config import PolicyConfig, PPOConfig
-from trustrl.distributions import TANH_VIA_SIGMOID_MIN
 from trustrl.optim import Adam
 from trustrl.policy import Policy
 from trustrl.rollout import Batch, Rollout
@@ -105,15 +104,14 @@ def test_terms_and_gradients_match_autograd(
 
 
 @pytest.mark.parametrize("separate", [False, True], ids=["shared", "separate"])
-def test_large_minibatches_match_autograd(separate: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hidden layers of TANH_VIA_SIGMOID_MIN elements and more, whose tanh is the sigmoid
-    form on any machine here (the minibatches above are below it)."""
-    monkeypatch.setattr(distributions, "TANH_VIA_SIGMOID", True)
+def test_large_minibatches_match_autograd(separate: bool) -> None:
+    """A rollout-sized minibatch (the ones above are small)."""
     policy = make_policy("discrete")
-    rows = 520
-    assert rows * min(policy.config.hidden_sizes) >= TANH_VIA_SIGMOID_MIN
-    batch = make_batch(policy, masked=False, rows=rows)
+    batch = make_batch(policy, masked=False, rows=520)
     assert_matches_autograd(policy, batch, {"ent_coef": 0.01}, separate)
+
+
+FITS = [(True, True), (True, False), (False, True)]  # (fit_policy, fit_value)
 
 
 def assert_matches_autograd(policy: Policy, batch: Batch, options: dict, separate: bool) -> None:
@@ -122,32 +120,76 @@ def assert_matches_autograd(policy: Policy, batch: Batch, options: dict, separat
     opts = optimizers(policy, separate)
     reference = TorchGradients(policy, config, opts)
     mine = NumpyGradients(policy, config, opts)
-
-    expected = reference.policy_terms(batch, 0.2)
-    got = mine.policy_terms(batch.numpy(), 0.2)
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-    assert 0.0 < got[3] < 1.0, "the clip should bind for some rows, not all"
-    np.testing.assert_allclose(
-        mine.value_term(batch.numpy()), reference.value_term(batch), rtol=1e-5
-    )
-
-    for key in opts:
-        for fit_pi, fit_vf in [(True, True), (True, False), (False, True)]:
-            fit_pi = fit_pi and key in ("pi", "all")
-            fit_vf = fit_vf and key in ("vf", "all")
-            # autograd frees its graph after a backward
-            for backend, mb in ((reference, batch), (mine, batch.numpy())):
-                backend.policy_terms(mb, 0.2)
-                backend.value_term(mb)
-            want = reference.gradient(key, fit_pi, fit_vf)
-            have = mine.gradient(key, fit_pi, fit_vf)
-            if want is None:
-                assert have is None
-                continue
-            assert have is not None
-            scale = float(want.abs().max())
+    for fit_pi, fit_vf in FITS:
+        fit = {"fit_policy": fit_pi, "fit_value": fit_vf, "clip_coef": 0.2}
+        want_terms, want = reference.step(batch, **fit)
+        got_terms, have = mine.step(batch.numpy(), **fit)
+        assert got_terms.keys() == want_terms.keys()
+        for name, value in want_terms.items():
+            tolerance = {"rtol": 1e-5} if name == "loss/value" else {"rtol": 1e-5, "atol": 1e-6}
+            np.testing.assert_allclose(got_terms[name], value, **tolerance, err_msg=name)
+        if fit_pi:
+            assert 0.0 < got_terms["diag/clip_fraction"] < 1.0, "the clip should bind for some"
+        # Only the optimizers whose loss has a fitted term get a gradient.
+        assert have.keys() == want.keys()
+        assert set(want) == {
+            key
+            for key in opts
+            if (fit_pi and key in ("pi", "all")) or (fit_vf and key in ("vf", "all"))
+        }
+        for key, grad in want.items():
+            scale = float(grad.abs().max())
             assert scale > 0
-            np.testing.assert_allclose(have.numpy(), want.numpy(), rtol=1e-4, atol=1e-5 * scale)
+            np.testing.assert_allclose(
+                have[key].numpy(), grad.numpy(), rtol=1e-4, atol=1e-5 * scale, err_msg=key
+            )
+
+
+@pytest.mark.parametrize("separate", [False, True], ids=["shared", "separate"])
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_the_kl_stop_reports_the_policy_terms_and_fits_only_the_value(
+    backend: str, separate: bool
+) -> None:
+    """Past target_kl the policy terms are measured, not fitted: no loss/policy, and the
+    gradients are the value term's alone, as if the policy had not been asked for."""
+    policy = make_policy("discrete")
+    batch = make_batch(policy, masked=False)
+    lrs = {"pi_lr": 1e-3, "vf_lr": 1e-3} if separate else {}
+    config = LossSettings.of(PPOConfig(**lrs))
+    opts = optimizers(policy, separate)
+    backend_class = TorchGradients if backend == "torch" else NumpyGradients
+    grads = backend_class(policy, config, opts)
+    mb = batch if backend == "torch" else batch.numpy()
+    fit = {"fit_policy": True, "fit_value": True, "clip_coef": 0.2}
+    terms, stopped = grads.step(mb, **fit, target_kl=0.0)
+    assert terms["diag/kl_stop"] == 1.0 and terms["diag/approx_kl"] > 0.0
+    assert "loss/policy" not in terms and "loss/entropy" not in terms
+    stopped = {k: g.clone() for k, g in stopped.items()}
+    value_terms, value_only = grads.step(mb, fit_policy=False, fit_value=True)
+    assert terms["loss/value"] == value_terms["loss/value"]
+    assert stopped.keys() == value_only.keys() == {"vf" if separate else "all"}
+    for key, grad in value_only.items():
+        assert torch.equal(stopped[key], grad), key
+    kept, _ = grads.step(mb, **fit, target_kl=1e9)
+    assert kept["diag/kl_stop"] == 0.0 and "loss/policy" in kept
+
+
+@pytest.mark.parametrize("space", list(SPACES))
+def test_a_step_depends_on_its_minibatch_alone(space: str) -> None:
+    """The same minibatch gives the same terms and gradients whatever came before it."""
+    policy = make_policy(space)
+    opts = optimizers(policy, separate=False)
+    grads = NumpyGradients(policy, LossSettings(ent_coef=0.01), opts)
+    first, other = make_batch(policy, False).numpy(), make_batch(policy, False, seed=7).numpy()
+    fit = {"fit_policy": True, "fit_value": True, "clip_coef": 0.2}
+    terms, out = grads.step(first, **fit)
+    want = {k: g.clone() for k, g in out.items()}
+    grads.step(other, **fit)
+    grads.step(other, fit_policy=False, fit_value=True)
+    again, out = grads.step(first, **fit)
+    assert again == terms
+    for key, grad in want.items():
+        assert torch.equal(out[key], grad), key
 
 
 def test_ties_of_the_clipped_branches_carry_the_full_gradient() -> None:
@@ -161,14 +203,11 @@ def test_ties_of_the_clipped_branches_carry_the_full_gradient() -> None:
     config = LossSettings(vf_clip_coef=0.2)
     opts = optimizers(policy, separate=False)
     reference, mine = TorchGradients(policy, config, opts), NumpyGradients(policy, config, opts)
-    assert mine.policy_terms(batch.numpy(), 0.2)[3] == 0.0
-    reference.policy_terms(batch, 0.2)
-    mine.value_term(batch.numpy())
-    reference.value_term(batch)
-    want = reference.gradient("all", True, True)
-    have = mine.gradient("all", True, True)
-    assert want is not None and have is not None
-    np.testing.assert_allclose(have.numpy(), want.numpy(), rtol=1e-4, atol=1e-6)
+    fit = {"fit_policy": True, "fit_value": True, "clip_coef": 0.2}
+    got_terms, have = mine.step(batch.numpy(), **fit)
+    assert got_terms["diag/clip_fraction"] == 0.0
+    _, want = reference.step(batch, **fit)
+    np.testing.assert_allclose(have["all"].numpy(), want["all"].numpy(), rtol=1e-4, atol=1e-6)
 
 
 def test_the_backend_follows_the_policy() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,7 +14,13 @@ from trustrl.losses import (
     clipped_surrogate,
     explained_variance,
     normalize_advantages,
+    normalize_advantages_numpy,
+    policy_terms,
+    policy_terms_numpy,
+    surrogate,
     value_loss,
+    value_terms,
+    value_terms_numpy,
 )
 
 EPS = 0.2
@@ -223,3 +230,70 @@ def test_normalize_advantages() -> None:
     assert float(out.std()) == pytest.approx(1.0, abs=1e-6)
     torch.testing.assert_close(out, (advantages - 4.0) / advantages.std(), rtol=1e-6, atol=1e-6)
     assert torch.equal(normalize_advantages(torch.tensor([5.0])), torch.tensor([0.0]))
+
+
+def test_surrogate_closed_form() -> None:
+    """mean(r A) with r = exp(logprob - old): ratios 0.5, 1, 2 against advantages 2, -1, 3."""
+    old = torch.zeros(3, dtype=torch.float64)
+    logprob = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64).log()
+    advantages = torch.tensor([2.0, -1.0, 3.0], dtype=torch.float64)
+    assert float(surrogate(logprob, old, advantages)) == pytest.approx((1.0 - 1.0 + 6.0) / 3)
+    # Its gradient at r = 1 is mean(A grad log pi): d/d logprob_i = A_i / n.
+    logprob = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(surrogate(logprob, old, advantages), logprob)
+    torch.testing.assert_close(grad, advantages / 3)
+
+
+# The numpy twins (losses.py's *_numpy) against the torch forms and autograd.
+
+
+@pytest.mark.parametrize("norm_adv", [True, False])
+def test_policy_terms_numpy_is_policy_terms(norm_adv: bool) -> None:
+    g = torch.Generator().manual_seed(11)
+    n = 64
+    old = torch.randn(n, generator=g) - 1.0
+    logprob = (old + 0.4 * torch.randn(n, generator=g)).requires_grad_(True)
+    advantages = torch.randn(n, generator=g) * 2 + 0.3
+    entropy = torch.rand(n, generator=g)
+    want = policy_terms(logprob, old, advantages, entropy, EPS, norm_adv)
+    (d_logprob,) = torch.autograd.grad(want["loss/policy"], logprob)
+    got, d_numpy = policy_terms_numpy(
+        logprob.detach().numpy(),
+        old.numpy(),
+        advantages.numpy(),
+        float(entropy.mean()),
+        EPS,
+        norm_adv,
+    )
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        assert got[name] == pytest.approx(float(value.detach()), rel=1e-5, abs=1e-6), name
+    assert 0.0 < got["diag/clip_fraction"] < 1.0
+    np.testing.assert_allclose(d_numpy, d_logprob.numpy(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("clip", [None, 0.2])
+def test_value_terms_numpy_is_value_terms(clip: float | None) -> None:
+    g = torch.Generator().manual_seed(12)
+    n = 64
+    old = torch.randn(n, generator=g)
+    values = (old + 0.4 * torch.randn(n, generator=g)).requires_grad_(True)
+    with torch.no_grad():
+        values[:4] = old[:4]  # ties of the two branches: autograd splits the gradient
+    returns = old + torch.randn(n, generator=g)
+    want = value_terms(values, old, returns, clip)
+    (d_values,) = torch.autograd.grad(want["loss/value"], values)
+    got, d_numpy = value_terms_numpy(values.detach().numpy(), old.numpy(), returns.numpy(), clip)
+    assert got["loss/value"] == pytest.approx(float(want["loss/value"].detach()), rel=1e-5)
+    np.testing.assert_allclose(d_numpy, d_values.numpy(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("n", [1, 2, 9])
+def test_normalize_advantages_numpy_is_normalize_advantages(n: int) -> None:
+    advantages = torch.linspace(-1.0, 3.0, n) ** 2
+    np.testing.assert_allclose(
+        normalize_advantages_numpy(advantages.numpy()),
+        normalize_advantages(advantages).numpy(),
+        rtol=1e-6,
+        atol=1e-6,
+    )

@@ -78,14 +78,15 @@ def record_events(
     """The sequence of KL measurements and optimizer steps, in the order they happen;
     ``after[key]()`` runs after each step of optimizer ``key``."""
     events: list[tuple[str, float]] = []
-    measure = update.gradients.policy_terms
+    measure = update.gradients.step
 
-    def recording_terms(*args):  # type: ignore[no-untyped-def]
-        terms = measure(*args)
-        events.append(("kl", terms[2]))
-        return terms
+    def recording_step(*args, **kwargs):  # type: ignore[no-untyped-def]
+        terms, grads = measure(*args, **kwargs)
+        if kwargs["fit_policy"]:
+            events.append(("kl", terms["diag/approx_kl"]))
+        return terms, grads
 
-    monkeypatch.setattr(update.gradients, "policy_terms", recording_terms)
+    monkeypatch.setattr(update.gradients, "step", recording_step)
     for key, opt in update.optimizers.items():
 
         def step(*args, original=opt.step, key=key) -> None:  # type: ignore[no-untyped-def]

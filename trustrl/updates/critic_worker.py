@@ -40,14 +40,15 @@ import sys
 import time
 import warnings
 import weakref
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-if TYPE_CHECKING:
-    from trustrl.updates.grads import NumpyGradients
+# (observations, returns, old values) -> the value loss; writes the critic's gradient
+# into memory the parent shares (``NumpyGradients.critic_share``).
+CriticStep = Callable[[np.ndarray, np.ndarray, np.ndarray], float]
 
 # A step's reply takes well under a millisecond; a child silent this long is taken for lost.
 REPLY_TIMEOUT_SECONDS = 60.0
@@ -77,9 +78,9 @@ def _shared(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 
 class CriticWorker:
-    """A forked process that runs ``grads.critic_step`` on minibatches of up to ``rows`` rows."""
+    """A forked process that runs ``critic_step`` on minibatches of up to ``rows`` rows."""
 
-    def __init__(self, grads: NumpyGradients, rows: int, obs_dim: int, dtype: np.dtype) -> None:
+    def __init__(self, critic_step: CriticStep, rows: int, obs_dim: int, dtype: np.dtype) -> None:
         self.rows = rows
         self.obs = _shared((rows, obs_dim), dtype)
         self.returns = _shared((rows,), dtype)
@@ -105,7 +106,7 @@ class CriticWorker:
                 for fd in (start_w, done_r, *_PARENT_FDS):
                     os.close(fd)
                 os.set_blocking(start_r, False)
-                self._serve(grads, start_r, done_w)
+                self._serve(critic_step, start_r, done_w)
                 code = 0
             finally:
                 os._exit(code)  # never back into the parent's code, its atexit or buffers
@@ -116,7 +117,7 @@ class CriticWorker:
         _PARENT_FDS.update((start_w, done_r))
         self._finalizer = weakref.finalize(self, _stop, pid, start_w, done_r)
 
-    def _serve(self, grads: NumpyGradients, start: int, done: int) -> None:
+    def _serve(self, critic_step: CriticStep, start: int, done: int) -> None:
         poll = True
         while True:
             message = _read(start, 4, None, poll)
@@ -125,7 +126,7 @@ class CriticWorker:
             n = int.from_bytes(message, "little")
             poll = n > 0  # 0 (``rest``): the update is over, block until the next one
             if n:
-                self.loss[0] = grads.critic_step(self.obs[:n], self.returns[:n], self.values[:n])
+                self.loss[0] = critic_step(self.obs[:n], self.returns[:n], self.values[:n])
                 os.write(done, b"\x00")
 
     def submit(self, obs: np.ndarray, returns: np.ndarray, values: np.ndarray) -> bool:

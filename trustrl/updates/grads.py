@@ -1,26 +1,32 @@
-"""One PPO minibatch's losses and their gradients: autograd, or by hand in numpy.
+"""One minibatch's loss terms and gradients, by autograd or by hand in numpy.
 
-The update loop (ppo.py) asks a backend for the policy terms (loss, entropy, KL estimate,
-clip fraction), the value loss, and then the flat gradient of each optimizer's loss.
+A backend's one call, ``step(mb, fit_policy=..., fit_value=..., clip_coef=...,
+target_kl=...)``, returns the minibatch's named terms (losses.py) and the flat gradient
+(in each optimizer's layout) of every optimizer whose loss has a fitted term. Nothing is
+kept from one call to the next that could make a later call's answer depend on the
+order of earlier ones; the gradient tensors are the backend's buffers, valid until its
+next ``step``.
 
-* ``TorchGradients`` builds the losses of losses.py on the Policy and runs autograd. It
-  serves every policy (per-agent actors, agent ids, global-state critics) and is the
-  reference the numpy backend is tested against.
-* ``NumpyGradients`` does the same arithmetic with a hand-written backward pass, for
-  the policies single-agent training uses: MLP actor and critic on the observation,
-  categorical, multi-categorical or diagonal Gaussian head. Why by hand: a CartPole-sized
-  minibatch step is some 550 small torch ops (autograd's included) at a few microseconds
-  of dispatch each, several times the arithmetic; numpy's per-op cost is about a
-  microsecond and the backward of an MLP is a handful of matmuls. The weights and the
+* ``TorchGradients`` runs autograd on the losses of losses.py. It serves every policy
+  (per-agent actors, agent ids, global-state critics) and is the reference.
+* ``NumpyGradients`` does the same arithmetic with the numpy twins (kernels.py for the
+  MLPs, distributions.py for the heads, losses.py for the losses) and a hand-written
+  backward pass, for the policies single-agent training uses: MLP actor and critic on
+  the observation, categorical, multi-categorical or diagonal Gaussian head. Why by hand:
+  a CartPole-sized minibatch step is some 550 small torch ops (autograd's included) at a
+  few microseconds of dispatch each, several times the arithmetic; numpy's per-op cost is
+  about a microsecond and the backward of an MLP is a handful of matmuls. Its weights and
   gradients are numpy views of the optimizers' flat torch buffers (optim.py): no copies.
-  ``tests/test_grads.py`` checks losses and gradients against ``TorchGradients`` for every
-  head, activation, mask and loss option, and whole updates against each other.
+  ``tests/test_grads.py`` holds its terms and gradients equal to ``TorchGradients``.
+
+The KL stop is inside the call because it decides what the call fits: where the policy's
+``diag/approx_kl`` exceeds ``target_kl``, the policy terms are reported but not fitted
+(``diag/kl_stop`` is 1), so that step is never taken (it is checked before the step it
+would overshoot, not after: the multi-agent seed kernel's mistake).
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,56 +36,49 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from trustrl import kernels
 from trustrl.config import PPOConfig
 from trustrl.distributions import (
-    LOG_SQRT_2PI,
-    MASKED_LOGIT,
     CategoricalHead,
     DiagGaussianHead,
     MultiCategoricalHead,
-    log_softmax_array,
-    row_sum,
-    tanh_array,
+    numpy_head,
 )
-from trustrl.losses import (
-    approx_kl,
-    clip_fraction,
-    clipped_surrogate,
-    normalize_advantages,
-    value_loss,
-)
+from trustrl.losses import policy_terms, policy_terms_numpy, value_terms, value_terms_numpy
 from trustrl.optim import Adam, share_memory
 from trustrl.policy import Policy
 from trustrl.rollout import Batch, NumpyBatch
+from trustrl.updates import critic_worker
 from trustrl.updates.critic_worker import CriticWorker
 
-_LOG_SQRT_2PI = np.float32(LOG_SQRT_2PI)
+Terms = dict[str, float]
+Grads = dict[str, Tensor]
 
 
 class Gradients(Protocol):
-    def bind(self) -> None:
-        """Called at the start of every update: the optimizers' buffers may be new."""
-
     def minibatches(self, batch: Batch, count: int, generator: torch.Generator) -> Iterator[Any]:
         """One epoch of ``batch``'s minibatches (``Batch.minibatches``), in the form this
-        backend's ``policy_terms`` and ``value_term`` take."""
+        backend's ``step`` takes."""
 
-    def policy_terms(self, mb: Any, clip_coef: float) -> tuple[float, float, float, float]:
-        """(surrogate loss, mean entropy, approx KL, clip fraction) of a minibatch from
-        ``minibatches``; keeps what the gradient needs."""
+    def step(
+        self,
+        mb: Any,
+        *,
+        fit_policy: bool,
+        fit_value: bool,
+        clip_coef: float | None = None,
+        target_kl: float | None = None,
+    ) -> tuple[Terms, Grads]:
+        """A minibatch's terms (``loss/*`` of what was fitted, ``diag/*``) and the flat
+        gradient of each optimizer whose loss has a fitted term: ``loss/policy -
+        ent_coef * loss/entropy`` for the actor's, ``loss/value`` for the critic's (times
+        ``vf_coef`` where one optimizer holds both)."""
 
-    def start_value(self, mb: Any) -> None:
-        """Called before ``policy_terms`` on a minibatch whose value term will be asked
-        for: a backend with a critic worker starts it there."""
+    def rest(self) -> None:
+        """The update is over (a hint: a critic worker stops waiting for work)."""
 
-    def value_term(self, mb: Any) -> float:
-        """The value loss of a minibatch from ``minibatches``; keeps what the gradient
-        needs."""
-
-    def gradient(self, key: str, policy: bool, value: bool) -> Tensor | None:
-        """The flat gradient (in ``optimizers[key]``'s layout) of that optimizer's loss
-        made of the last policy terms (``policy - ent_coef * entropy``) and/or value term
-        (times ``vf_coef`` when one optimizer holds both networks)."""
+    def close(self) -> None:
+        """Release what the backend holds (a critic worker process)."""
 
 
 @dataclass(frozen=True)
@@ -101,10 +100,24 @@ def make_gradients(
 ) -> Gradients:
     """The numpy backend where it covers the policy, autograd otherwise. ``optimizers``
     may hold only some of the policy's weights (TRPO's critic): the others get no gradient.
-    ``shared``: gradients in shared memory, for ``NumpyGradients.start_worker``."""
+    ``shared``: gradients in shared memory and the critic's share in a worker process
+    (needs optimizers built with ``shared=True``)."""
     if NumpyGradients.supports(policy):
         return NumpyGradients(policy, config, optimizers, shared)
     return TorchGradients(policy, config, optimizers)
+
+
+def _owner(optimizers: dict[str, Adam], param: nn.Parameter) -> str | None:
+    """The key of the optimizer that holds ``param``, if one does."""
+    for key, opt in optimizers.items():
+        if any(p is param for p in opt.params):
+            return key
+    return None
+
+
+def _kl_stop(kl: float, target_kl: float | None) -> bool:
+    # A NaN KL does not stop: its terms are non-finite and the update skips the step.
+    return target_kl is not None and kl > target_kl
 
 
 class TorchGradients:
@@ -112,61 +125,73 @@ class TorchGradients:
 
     def __init__(self, policy: Policy, config: LossSettings, optimizers: dict[str, Adam]) -> None:
         self.policy, self.config, self.optimizers = policy, config, optimizers
-        self.terms: dict[str, Tensor] = {}
-
-    def bind(self) -> None:
-        self.terms = {}
+        self.actor_key = _owner(optimizers, policy.actor_parameters()[0])
+        self.critic_key = _owner(optimizers, policy.critic_parameters()[0])
 
     def minibatches(self, batch: Batch, count: int, generator: torch.Generator) -> Iterator[Batch]:
         return batch.minibatches(count, generator)
 
-    def policy_terms(self, mb: Batch, clip_coef: float) -> tuple[float, float, float, float]:
-        policy = self.policy
-        params = policy.dist_params(mb.obs, mb.action_mask, mb.agent)
-        logprob = policy.head.log_prob(params, mb.actions)
-        advantages = normalize_advantages(mb.advantages) if self.config.norm_adv else mb.advantages
-        loss, log_ratio = clipped_surrogate(logprob, mb.logprob, advantages, clip_coef)
-        if self.config.ent_coef:
-            entropy = policy.head.entropy(params).mean()
-        else:  # reported, not trained on: keep it out of the backward pass
-            with torch.no_grad():
-                entropy = policy.head.entropy(params).mean()
-        self.terms["policy"], self.terms["entropy"] = loss, entropy
-        with torch.no_grad():  # one synchronizing read for all four
-            values = torch.stack(
-                [loss, entropy, approx_kl(log_ratio), clip_fraction(log_ratio, clip_coef)]
-            ).tolist()
-        return values[0], values[1], values[2], values[3]
+    def step(
+        self,
+        mb: Batch,
+        *,
+        fit_policy: bool,
+        fit_value: bool,
+        clip_coef: float | None = None,
+        target_kl: float | None = None,
+    ) -> tuple[Terms, Grads]:
+        cfg, policy = self.config, self.policy
+        terms: Terms = {}
+        losses: dict[str, Tensor] = {}  # each optimizer's loss
+        if fit_policy:
+            assert clip_coef is not None and self.actor_key is not None
+            params = policy.dist_params(mb.obs, mb.action_mask, mb.agent)
+            logprob = policy.head.log_prob(params, mb.actions)
+            # Reported, not trained on, without an entropy bonus: out of the backward pass.
+            with torch.set_grad_enabled(bool(cfg.ent_coef)):
+                entropy = policy.head.entropy(params)
+            named = policy_terms(
+                logprob, mb.logprob, mb.advantages, entropy, clip_coef, cfg.norm_adv
+            )
+            with torch.no_grad():  # one synchronizing read for all four
+                terms.update(zip(named, torch.stack(list(named.values())).tolist(), strict=True))
+            stop = _kl_stop(terms["diag/approx_kl"], target_kl)
+            terms["diag/kl_stop"] = float(stop)
+            if stop:
+                del terms["loss/policy"], terms["loss/entropy"]
+            else:
+                loss = named["loss/policy"]
+                losses[self.actor_key] = (
+                    loss - cfg.ent_coef * named["loss/entropy"] if cfg.ent_coef else loss
+                )
+        if fit_value:
+            assert self.critic_key is not None
+            values = policy.value_raw(mb.obs, mb.critic_obs, mb.agent)
+            value = value_terms(values, mb.values, mb.returns, cfg.vf_clip_coef)["loss/value"]
+            terms["loss/value"] = float(value.detach())
+            # vf_coef weighs the value term where one optimizer holds both networks.
+            scaled = value * cfg.vf_coef if self.critic_key == self.actor_key else value
+            prior = losses.get(self.critic_key)
+            losses[self.critic_key] = scaled if prior is None else prior + scaled
+        grads: Grads = {}
+        for key, loss in losses.items():
+            opt = self.optimizers[key]
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad = opt.flat_grad()
+            assert grad is not None
+            grads[key] = grad
+        return terms, grads
 
-    def start_value(self, mb: Batch) -> None:
-        """Nothing ahead of time: autograd's value term is built when asked."""
+    def rest(self) -> None:
+        """Nothing runs between updates."""
 
-    def value_term(self, mb: Batch) -> float:
-        new_values = self.policy.value_raw(mb.obs, mb.critic_obs, mb.agent)
-        loss = value_loss(new_values, mb.values, mb.returns, self.config.vf_clip_coef)
-        self.terms["value"] = loss
-        return float(loss.detach())
-
-    def gradient(self, key: str, policy: bool, value: bool) -> Tensor | None:
-        cfg = self.config
-        loss: Tensor | None = None
-        if policy:
-            loss = self.terms["policy"]
-            if cfg.ent_coef:
-                loss = loss - cfg.ent_coef * self.terms["entropy"]
-        if value:
-            scaled = self.terms["value"] * (cfg.vf_coef if key == "all" else 1.0)
-            loss = scaled if loss is None else loss + scaled
-        if loss is None:
-            return None
-        opt = self.optimizers[key]
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        return opt.flat_grad()
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 class NumpyGradients:
-    """The same losses and gradients in numpy, for MLP policies on single observations."""
+    """The same terms and gradients in numpy, for MLP policies on single observations."""
 
     @staticmethod
     def supports(policy: Policy) -> bool:
@@ -194,43 +219,39 @@ class NumpyGradients:
         self.shared = shared
         self.worker: CriticWorker | None = None
         self.worker_lost = False
-        self._critic_done = False  # the worker computed this minibatch's critic share
-        self._actor_done = False  # policy_terms already wrote the actor's gradient
-        self.tanh = policy.config.activation == "tanh"
+        self.activation = policy.config.activation
+        self.actor_modules = [m for m in policy.actor.modules() if isinstance(m, nn.Linear)]
         head: Any = policy.head
-        self.gaussian = isinstance(head, DiagGaussianHead)
-        # Categorical heads as (start, stop) column blocks: one, or one per component.
-        nvec = head.nvec if isinstance(head, MultiCategoricalHead) else [head.linear.out_features]
-        self.blocks = list(itertools.pairwise(np.cumsum([0, *nvec]).tolist()))
-        self.actor_layers = [m for m in policy.actor.modules() if isinstance(m, nn.Linear)]
-        self.actor_layers.append(head.linear)
-        self.critic_layers = [m for m in policy.critic.modules() if isinstance(m, nn.Linear)]
-        self._ones_cache = np.ones(0, dtype=np.float32)
-        # Each layer's output, kept from one minibatch to the next with its tensor view.
-        self._outputs: dict[tuple[str, int], tuple[np.ndarray, Tensor]] = {}
+        self.actor_modules.append(head.linear)
+        self.critic_modules = [m for m in policy.critic.modules() if isinstance(m, nn.Linear)]
         self._batch: tuple[Batch, NumpyBatch] | None = None  # the last batch, as numpy
         self._flats: tuple[Tensor, ...] = ()
-        self.bind()
+        self._bind()
 
-    def bind(self) -> None:
-        """Numpy views of the current weights and of one flat gradient buffer per optimizer
-        (the buffers move when an optimizer grows or is built anew; while every optimizer
-        keeps its flat buffer, the views made last time are still the ones)."""
+    def _bind(self) -> None:
+        """Numpy views of the current weights and of one flat gradient buffer per optimizer.
+        The buffers move when an optimizer grows or is built anew, so every ``step`` checks
+        (while every optimizer keeps its flat buffer, the views made last time hold)."""
         flats = tuple(opt.flat for opt in self.optimizers.values())
         if len(flats) == len(self._flats) and all(
             a is b for a, b in zip(flats, self._flats, strict=True)
         ):
             return
         self._flats = flats
-        self.stop_worker()  # its views are of the old buffers
+        self.close()  # a worker's views are of the old buffers
 
-        def weights(layers: list[nn.Linear]) -> list[tuple[np.ndarray, np.ndarray]]:
-            return [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in layers]
+        def dense(modules: list[nn.Linear]) -> list[kernels.Dense]:
+            return [
+                kernels.Dense(m.weight.detach().numpy(), m.bias.detach().numpy(), copy=False)
+                for m in modules
+            ]
 
-        self.actor = weights(self.actor_layers)
-        self.critic = weights(self.critic_layers)
+        self.actor = dense(self.actor_modules)
+        self.critic = dense(self.critic_modules)
         head: Any = self.policy.head
-        self.log_std = head.log_std.detach().numpy() if self.gaussian else None
+        spec = self.policy.spec
+        log_std = head.log_std.detach().numpy() if isinstance(head, DiagGaussianHead) else None
+        self.head = numpy_head(spec.action_kind, spec.nvec, log_std)
         self.flat_grads: dict[str, Tensor] = {}
         grad_of: dict[int, tuple[str, np.ndarray]] = {}
         for key, opt in self.optimizers.items():
@@ -241,76 +262,22 @@ class NumpyGradients:
             for param, view in zip(opt.params, opt.views(flat), strict=True):
                 grad_of[id(param)] = (key, view.numpy())
 
-        def grads(layers: list[nn.Linear]) -> list[tuple[str, np.ndarray, np.ndarray]]:
-            out = []
-            for m in layers:
-                if id(m.weight) not in grad_of:
-                    return []  # a network no optimizer here trains
-                key, weight = grad_of[id(m.weight)]
-                key_b, bias = grad_of[id(m.bias)]
-                assert key == key_b
-                out.append((key, weight, bias))
-            return out
+        def grads(
+            modules: list[nn.Linear],
+        ) -> tuple[str | None, list[tuple[np.ndarray, np.ndarray]]]:
+            if id(modules[0].weight) not in grad_of:
+                return None, []  # a network no optimizer here trains
+            key = grad_of[id(modules[0].weight)][0]
+            return key, [(grad_of[id(m.weight)][1], grad_of[id(m.bias)][1]) for m in modules]
 
-        self.actor_grads = grads(self.actor_layers)
-        self.critic_grads = grads(self.critic_layers)
-        self.log_std_grad = grad_of.get(id(head.log_std)) if self.gaussian else None
-        self.actor_key = self.actor_grads[0][0] if self.actor_grads else None
-        self.critic_key = self.critic_grads[0][0] if self.critic_grads else None
+        self.actor_key, self.actor_grads = grads(self.actor_modules)
+        self.critic_key, self.critic_grads = grads(self.critic_modules)
+        owned = log_std is not None and id(head.log_std) in grad_of  # not TRPO's critic fit
+        self.log_std_grad = grad_of[id(head.log_std)][1] if owned else None
         # The critic's loss counts vf_coef times where one optimizer holds both networks.
         self.value_scale = np.float32(
             self.config.vf_coef if self.actor_key == self.critic_key else 1.0
         )
-
-    # The critic's share in a second process (critic_worker.py).
-
-    def start_worker(self, rows: int) -> None:
-        """From now on, compute the critic's share of minibatches of up to ``rows`` rows in
-        a forked process (needs ``shared`` and optimizers built with ``shared=True``). A
-        worker already running with room enough is kept; after a lost one, nothing."""
-        shared = self.shared and all(opt.shared for opt in self.optimizers.values())
-        if self.worker_lost or not self.critic_grads or not shared:
-            return
-        if self.worker is not None and self.worker.rows >= rows:
-            return
-        self.stop_worker()
-        weight = self.critic[0][0]
-        self.worker = CriticWorker(self, rows, weight.shape[1], weight.dtype)
-
-    def rest_worker(self) -> None:
-        """The update's last minibatch is done: the worker blocks until the next update."""
-        if self.worker is not None:
-            self.worker.rest()
-
-    def stop_worker(self) -> None:
-        if self.worker is not None:
-            self.worker.close()
-            self.worker = None
-
-    def _lose_worker(self) -> None:
-        self.stop_worker()
-        self.worker_lost = True
-        warnings.warn(
-            "the critic's worker process exited or stopped answering; the update goes on "
-            "in this process",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-    def _settle(self) -> None:
-        """Wait for a submitted minibatch whose result nobody asked for (a KL stop)."""
-        if self.worker is not None and self.worker.pending and self.worker.result() is None:
-            self._lose_worker()
-
-    def critic_step(self, obs: np.ndarray, returns: np.ndarray, old_values: np.ndarray) -> float:
-        """The critic's whole share of a minibatch: value loss, and its gradient written
-        into the flat buffer (a worker's job; ``value_term`` and ``gradient`` in one)."""
-        loss = self._value_loss(obs, returns, old_values)
-        hidden, d_values = self._value
-        self._backward(
-            self.critic, self.critic_grads, hidden, (self.value_scale * d_values)[:, None]
-        )
-        return loss
 
     def minibatches(
         self, batch: Batch, count: int, generator: torch.Generator
@@ -321,229 +288,122 @@ class NumpyGradients:
             self._batch = (batch, batch.numpy())
         return self._batch[1].minibatches(count, generator)
 
-    # Forward and backward through an MLP.
-
-    def _ones(self, n: int) -> np.ndarray:
-        if len(self._ones_cache) != n:
-            self._ones_cache = np.ones(n, dtype=np.float32)
-        return self._ones_cache
-
-    def _forward(
-        self, net: str, layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray
-    ) -> list[np.ndarray]:
-        """Every layer's input, then the output (the last layer has no activation). The
-        arrays are ``net``'s buffers, which its next forward pass overwrites: the update
-        takes each minibatch's gradient before it runs the next."""
-        hidden = [x]
-        last = len(layers) - 1
-        for i, (weight, bias) in enumerate(layers):
-            y, view = self._output(net, i, (len(x), len(bias)), weight.dtype)
-            np.matmul(hidden[-1], weight.T, out=y)
-            y += bias
-            if i < last:
-                if self.tanh:
-                    tanh_array(y, view)
-                else:
-                    np.maximum(y, np.float32(0.0), out=y)
-            hidden.append(y)
-        return hidden
-
-    def _output(
-        self, net: str, layer: int, shape: tuple[int, int], dtype: np.dtype
-    ) -> tuple[np.ndarray, Tensor]:
-        """A buffer for a layer's output (the weights' dtype), and its tensor view."""
-        out = self._outputs.get((net, layer))
-        if out is None or out[0].shape != shape or out[0].dtype != dtype:
-            array = np.empty(shape, dtype=dtype)
-            out = self._outputs[net, layer] = (array, torch.from_numpy(array))
-        return out
-
-    def _backward(
+    def step(
         self,
-        layers: list[tuple[np.ndarray, np.ndarray]],
-        grads: list[tuple[str, np.ndarray, np.ndarray]],
-        hidden: list[np.ndarray],
-        d_out: np.ndarray,
-    ) -> None:
-        """Write the weight gradients given the output's gradient (into the flat buffers)."""
-        delta = d_out
-        for i in range(len(layers) - 1, -1, -1):
-            _, grad_weight, grad_bias = grads[i]
-            np.matmul(delta.T, hidden[i], out=grad_weight)
-            # A sum over rows as a matmul: several times faster than np.sum(axis=0).
-            np.matmul(self._ones(len(delta)), delta, out=grad_bias)
-            if i == 0:
-                break
-            weight = layers[i][0]
-            # One output (a critic's value): an outer product. As a matmul with an inner
-            # dimension of 1 it took OpenBLAS 26 µs at 256 x 64, broadcasting 9.
-            delta = delta * weight if len(weight) == 1 else delta @ weight
-            h = hidden[i]  # the activation's output, which feeds layer i
-            if self.tanh:
-                slope = h * h
-                np.subtract(np.float32(1.0), slope, out=slope)
-                delta *= slope
-            else:
-                delta *= h > 0
-
-    # The losses.
-
-    def policy_terms(self, mb: NumpyBatch, clip_coef: float) -> tuple[float, float, float, float]:
-        obs = mb.obs
-        actions = mb.actions
-        advantages = mb.advantages
-        old_logprob = mb.logprob
-        n = len(obs)
-        hidden = self._forward("actor", self.actor, obs)
-        out = hidden[-1]
-        if self.gaussian:
-            assert self.log_std is not None
-            inv_std = np.exp(-self.log_std)
-            z = (actions - out) * inv_std
-            logprob = row_sum(np.float32(-0.5) * z * z - self.log_std - _LOG_SQRT_2PI)[:, 0]
-            entropy = float(np.sum(np.float32(0.5) + _LOG_SQRT_2PI + self.log_std))
-            cache: tuple = (z, inv_std)
-        else:
-            mask = mb.action_mask
-            if mask is not None:
-                out = np.where(mask, out, np.float32(MASKED_LOGIT))
-            rows = np.arange(n)
-            if len(self.blocks) == 1:  # Discrete: no per-block copies
-                log_probs = log_softmax_array(out)
-                logprob = log_probs[rows, actions]
-            else:
-                log_probs = np.empty_like(out)
-                logprob = np.zeros(n, dtype=np.float32)
-                for i, (lo, hi) in enumerate(self.blocks):
-                    log_probs[:, lo:hi] = log_softmax_array(out[:, lo:hi])
-                    logprob += log_probs[rows, lo + actions[:, i]]
-            probs = np.exp(log_probs)
-            # The mean over rows of each row's summed entropies: one sum over everything.
-            entropy = -float((probs * log_probs).sum()) / n
-            cache = (probs, log_probs, mask)
-
-        # Means as sums / n throughout: ndarray.mean's Python wrapper costs more than the
-        # arithmetic on a minibatch.
-        if self.config.norm_adv:
-            centered = advantages - float(advantages.sum()) / n
-            if n < 2:
-                advantages = centered
-            else:  # torch's std: unbiased
-                advantages = centered / (math.sqrt(float(centered @ centered) / (n - 1)) + 1e-8)
-        log_ratio = logprob - old_logprob
-        ratio = np.exp(log_ratio)
-        unclipped = ratio * advantages
-        clipped = np.minimum(np.maximum(ratio, 1.0 - clip_coef), 1.0 + clip_coef) * advantages
-        loss = -float(np.minimum(unclipped, clipped).sum()) / n
-        kl = (float(ratio.sum()) - n - float(log_ratio.sum())) / n
-        fraction = np.count_nonzero(np.abs(ratio - 1.0) > clip_coef) / n
-        # d loss / d logprob: the unclipped branch's gradient where min picks it (ties too:
-        # both branches then carry the same gradient), zero where the clipped one is flat.
-        d_logprob = np.where(unclipped <= clipped, -(advantages * ratio) / n, np.float32(0.0))
-        self._policy = (hidden, actions, d_logprob.astype(np.float32, copy=False), cache)
-        # With the critic in the worker meanwhile, the actor's gradient now rather than
-        # after waiting for it (wasted only on a step that is then skipped).
-        self._actor_done = self.worker is not None and self.worker.pending
-        if self._actor_done:
-            self._policy_backward()
-        return loss, entropy, kl, fraction
-
-    def start_value(self, mb: NumpyBatch) -> None:
-        self._settle()
-        worker = self.worker
-        if (
-            worker is not None
-            and len(mb.obs) <= worker.rows
-            and not worker.submit(mb.obs, mb.returns, mb.values)
-        ):
-            self._lose_worker()
-
-    def value_term(self, mb: NumpyBatch) -> float:
-        worker = self.worker
-        if worker is not None and worker.pending:
-            loss = worker.result()
-            if loss is not None:
-                self._critic_done = True  # and its gradient is written
-                return loss
-            self._lose_worker()
-        self._critic_done = False
-        return self._value_loss(mb.obs, mb.returns, mb.values)
-
-    def _value_loss(self, obs: np.ndarray, returns: np.ndarray, old: np.ndarray) -> float:
-        hidden = self._forward("critic", self.critic, obs)
-        values = hidden[-1][:, 0]
-        n = len(values)
-        error = values - returns
-        unclipped = error * error
-        d_values = (2.0 / n) * error
-        clip = self.config.vf_clip_coef
-        if clip is None:
-            loss = float(unclipped.sum()) / n
-        else:
-            clipped_values = old + np.clip(values - old, -clip, clip)
-            clipped_error = clipped_values - returns
-            clipped = clipped_error * clipped_error
-            loss = float(np.maximum(unclipped, clipped).sum()) / n
-            inside = np.abs(values - old) <= clip
-            d_clipped = (2.0 / n) * clipped_error * inside
-            # torch.max's gradient: the larger branch's, split evenly on a tie.
-            d_values = np.where(
-                unclipped > clipped,
-                d_values,
-                np.where(unclipped < clipped, d_clipped, 0.5 * (d_values + d_clipped)),
-            )
-        self._value = (hidden, d_values.astype(np.float32, copy=False))
-        return loss
-
-    def gradient(self, key: str, policy: bool, value: bool) -> Tensor | None:
-        wrote_actor = policy and self.actor_key == key
-        wrote_critic = value and self.critic_key == key
-        if not (wrote_actor or wrote_critic):
-            return None
-        self._settle()
-        if not (wrote_actor and wrote_critic) and self.actor_key == self.critic_key:
-            # One optimizer, one loss term: the other network's gradient is 0.
-            for _, weight, bias in self.critic_grads if wrote_actor else self.actor_grads:
+        mb: NumpyBatch,
+        *,
+        fit_policy: bool,
+        fit_value: bool,
+        clip_coef: float | None = None,
+        target_kl: float | None = None,
+    ) -> tuple[Terms, Grads]:
+        self._bind()
+        # With a worker, the critic's share runs there while this process does the actor's.
+        submitted = fit_value and self._submit(mb)
+        terms: Terms = {}
+        fit_actor = False
+        if fit_policy:
+            assert clip_coef is not None and self.actor_key is not None
+            fit_actor = not self._actor_share(mb, clip_coef, target_kl, terms)
+        if fit_value:
+            value = self._collect() if submitted else None
+            if value is None:
+                value = self.critic_share(mb.obs, mb.returns, mb.values)
+            terms["loss/value"] = value
+        if self.actor_key == self.critic_key and fit_actor != fit_value:
+            # One optimizer, one network fitted: the other's gradient is 0.
+            for weight, bias in self.critic_grads if fit_actor else self.actor_grads:
                 weight.fill(0.0)
                 bias.fill(0.0)
-            if not wrote_actor and self.log_std_grad is not None:
-                self.log_std_grad[1].fill(0.0)
-        if wrote_actor and not self._actor_done:
-            self._policy_backward()
-        if wrote_critic and not self._critic_done:
-            hidden, d_values = self._value
-            self._backward(
-                self.critic, self.critic_grads, hidden, (self.value_scale * d_values)[:, None]
-            )
-        return self.flat_grads[key]
+            if not fit_actor and self.log_std_grad is not None:
+                self.log_std_grad.fill(0.0)
+        keys = {self.actor_key} if fit_actor else set()
+        keys |= {self.critic_key} if fit_value else set()
+        return terms, {key: self.flat_grads[key] for key in keys if key is not None}
 
-    def _policy_backward(self) -> None:
-        hidden, actions, d_logprob, cache = self._policy
-        ent_coef = np.float32(self.config.ent_coef)
-        n = len(d_logprob)
-        if self.gaussian:
-            z, inv_std = cache
-            d_out = d_logprob[:, None] * z * inv_std
+    def _actor_share(
+        self, mb: NumpyBatch, clip_coef: float, target_kl: float | None, terms: Terms
+    ) -> bool:
+        """The policy terms into ``terms`` and, unless the KL stop binds (returned), the
+        actor's gradient into its flat buffer."""
+        hidden = kernels.forward(self.actor, self.activation, mb.obs)
+        logprob, entropy, residuals = self.head.terms(hidden[-1], mb.actions, mb.action_mask)
+        named, d_logprob = policy_terms_numpy(
+            logprob, mb.logprob, mb.advantages, entropy, clip_coef, self.config.norm_adv
+        )
+        terms.update(named)
+        stop = _kl_stop(terms["diag/approx_kl"], target_kl)
+        terms["diag/kl_stop"] = float(stop)
+        if stop:
+            del terms["loss/policy"], terms["loss/entropy"]
+            return True
+        d_out, d_log_std = self.head.backward(residuals, d_logprob, -self.config.ent_coef)
+        kernels.backward(self.actor, self.activation, hidden, d_out, self.actor_grads)
+        if d_log_std is not None:
             assert self.log_std_grad is not None
-            _, grad_log_std = self.log_std_grad
-            # d logprob / d log_std = z^2 - 1; the entropy's is 1 per dimension.
-            np.sum(d_logprob[:, None] * (z * z - 1.0), axis=0, out=grad_log_std)
-            grad_log_std -= ent_coef
-        else:
-            probs, log_probs, mask = cache
-            # d logprob / d logits = onehot(action) - softmax, per block.
-            d_out = -d_logprob[:, None] * probs
-            rows = np.arange(n)
-            for i, (lo, _) in enumerate(self.blocks):
-                taken = actions if actions.ndim == 1 else actions[:, i]
-                d_out[rows, lo + taken] += d_logprob
-            if ent_coef:
-                # d entropy / d logits_j = -p_j (log p_j + H) within each block.
-                block_entropy = np.empty_like(log_probs)
-                plogp = probs * log_probs
-                for lo, hi in self.blocks:
-                    block_entropy[:, lo:hi] = -row_sum(plogp[:, lo:hi])
-                d_out += (ent_coef / n) * probs * (log_probs + block_entropy)
-            if mask is not None:
-                d_out *= mask  # masked logits were replaced by a constant
-        self._backward(self.actor, self.actor_grads, hidden, d_out.astype(np.float32, copy=False))
+            self.log_std_grad[...] = d_log_std
+        return False
+
+    def critic_share(self, obs: np.ndarray, returns: np.ndarray, old_values: np.ndarray) -> float:
+        """The critic's whole share of a minibatch: its value loss, returned, and its
+        gradient, written into the flat buffer (what a worker process runs)."""
+        hidden = kernels.forward(self.critic, self.activation, obs)
+        named, d_values = value_terms_numpy(
+            hidden[-1][:, 0], old_values, returns, self.config.vf_clip_coef
+        )
+        d_out = (self.value_scale * d_values)[:, None]
+        kernels.backward(self.critic, self.activation, hidden, d_out, self.critic_grads)
+        return named["loss/value"]
+
+    # The critic's share in a second process (critic_worker.py).
+
+    def _submit(self, mb: NumpyBatch) -> bool:
+        """Hand the critic's share of ``mb`` to the worker, started (or grown) first;
+        False where there is none to hand it to (not shared, lost, no critic optimizer)."""
+        usable = self.shared and all(opt.shared for opt in self.optimizers.values())
+        if self.worker_lost or not self.critic_grads or not usable:
+            return False
+        n = len(mb.obs)
+        if self.worker is None or self.worker.rows < n:
+            self.close()
+            # Room to spare: a rollout's valid rows, and so its minibatches, vary in size.
+            dtype = self.critic[0].weight.dtype
+            self.worker = CriticWorker(self.critic_share, 2 * n, mb.obs.shape[1], dtype)
+        if self.worker.submit(mb.obs, mb.returns, mb.values):
+            return True
+        self._lose_worker()
+        return False
+
+    def _collect(self) -> float | None:
+        """The submitted minibatch's value loss (its gradient is written), or None."""
+        assert self.worker is not None
+        loss = self.worker.result()
+        if loss is None:
+            self._lose_worker()
+        return loss
+
+    def _lose_worker(self) -> None:
+        self.close()
+        self.worker_lost = True
+        warnings.warn(
+            "the critic's worker process exited or stopped answering; the update goes on "
+            "in this process",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+    def rest(self) -> None:
+        """The update's last minibatch is done: the worker blocks until the next update."""
+        if self.worker is not None:
+            self.worker.rest()
+
+    def close(self) -> None:
+        """Stop the worker, if one runs (the next step that needs one starts another)."""
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+
+def critic_process_possible(policy: Policy) -> bool:
+    """Whether the critic's share can run in a worker beside this process for ``policy``."""
+    return NumpyGradients.supports(policy) and critic_worker.available()

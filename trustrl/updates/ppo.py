@@ -1,5 +1,9 @@
 """The PPO update step: shuffled minibatch epochs over one rollout -> metrics.
 
+The loop is ``PPOUpdate.__call__``; the formulas are losses.py's (``policy_terms``,
+``value_terms``), which the gradient backend (grads.py: autograd, or their numpy twins
+with a hand-written backward pass) evaluates, one call per minibatch.
+
 Two optimizer settings share the loop. Shared (the CleanRL/SB3 habit): one Adam over
 all weights, loss = policy - ent_coef * entropy + vf_coef * value, and a KL stop ends
 the whole update. Separate (Spinning Up and the multi-agent kernel): an actor Adam
@@ -21,8 +25,14 @@ from trustrl.losses import explained_variance
 from trustrl.optim import Adam, clip_grad_norm
 from trustrl.policy import Policy
 from trustrl.rollout import Rollout
-from trustrl.updates import critic_worker
-from trustrl.updates.grads import Gradients, LossSettings, NumpyGradients, make_gradients
+from trustrl.updates.grads import (
+    Gradients,
+    Grads,
+    LossSettings,
+    Terms,
+    critic_process_possible,
+    make_gradients,
+)
 
 
 class PPOUpdate:
@@ -33,9 +43,7 @@ class PPOUpdate:
         self.base_lr: dict[str, float]
         # The critic's share of each minibatch in a second process (critic_worker.py):
         # weights and gradients then live in shared memory.
-        shared = (
-            config.critic_process and NumpyGradients.supports(policy) and critic_worker.available()
-        )
+        shared = config.critic_process and critic_process_possible(policy)
         # eps=1e-5 rather than Adam's 1e-8: the value of OpenAI baselines' PPO2, kept by
         # CleanRL; it damps steps on weights whose gradients are consistently tiny.
         if config.separate_optimizers:
@@ -58,8 +66,7 @@ class PPOUpdate:
 
     def close(self) -> None:
         """Stop the critic's worker process, if one runs (the next call starts another)."""
-        if isinstance(self.gradients, NumpyGradients):
-            self.gradients.stop_worker()
+        self.gradients.close()
 
     def register_agent(self, grown: list[tuple[nn.Parameter, nn.Parameter, int]]) -> None:
         """Extend optimizer state for parameters that ``Policy.register_agent`` grew."""
@@ -93,16 +100,11 @@ class PPOUpdate:
         pi_epochs = cfg.update_epochs
         vf_epochs = (cfg.vf_epochs or cfg.update_epochs) if separate else pi_epochs
 
-        pi_stopped = False
-        stop_iter = pi_epochs
+        pi_stopped, stop_iter = False, pi_epochs
         epoch_stats: list[dict[str, list[float]]] = []
         skipped: dict[str, int] = {}
         clip_fractions: list[float] = []
-
         grads = self.gradients
-        grads.bind()
-        if self.critic_process and isinstance(grads, NumpyGradients):
-            grads.start_worker(rollout.valid.numel())  # room for the whole rollout
         for epoch in range(max(pi_epochs, vf_epochs)):
             if not ((epoch < pi_epochs and not pi_stopped) or (epoch < vf_epochs and separate)):
                 break
@@ -113,27 +115,23 @@ class PPOUpdate:
                 fit_vf = epoch < vf_epochs and (separate or not pi_stopped)
                 if not (fit_pi or fit_vf):
                     break
-                terms: dict[str, float] = {}
-                if fit_vf:
-                    grads.start_value(mb)  # a critic worker starts on it now
+                terms, mb_grads = grads.step(
+                    mb,
+                    fit_policy=fit_pi,
+                    fit_value=fit_vf,
+                    clip_coef=clip_coef,
+                    target_kl=cfg.target_kl,
+                )
                 if fit_pi:
-                    loss, entropy, kl, fraction = grads.policy_terms(mb, clip_coef)
-                    stats["kl"].append(kl)
-                    # Checked before the step it would overshoot, not after (the
-                    # multi-agent seed kernel's mistake): this step is never taken.
-                    if cfg.target_kl is not None and kl > cfg.target_kl:
+                    stats["kl"].append(terms["diag/approx_kl"])
+                    if terms["diag/kl_stop"]:  # this step's policy term is not taken
                         pi_stopped, stop_iter = True, epoch + 1
                         if not separate:
                             break
                     else:
-                        terms.update(policy=loss, entropy=entropy)
-                        clip_fractions.append(fraction)
-                if fit_vf:
-                    terms["value"] = grads.value_term(mb)
-                if terms:
-                    self._step(terms, stats, skipped)
-        if self.critic_process and isinstance(grads, NumpyGradients):
-            grads.rest_worker()
+                        clip_fractions.append(terms["diag/clip_fraction"])
+                self._step(terms, mb_grads, stats, skipped)
+        grads.rest()
 
         if skipped:
             detail = ", ".join(f"{term} ({count}x)" for term, count in skipped.items())
@@ -158,32 +156,29 @@ class PPOUpdate:
         return metrics
 
     def _step(
-        self, terms: dict[str, float], stats: dict[str, list[float]], skipped: dict[str, int]
+        self, terms: Terms, grads: Grads, stats: dict[str, list[float]], skipped: dict[str, int]
     ) -> None:
-        """Gradient and step for each optimizer, unless a term or a gradient is non-finite."""
-        cfg = self.config
-        bad = [name for name, value in terms.items() if not math.isfinite(value)]
+        """A step of each optimizer with a gradient, unless a loss term or that gradient is
+        non-finite (counted in ``skipped`` and left out)."""
+        losses = {k.removeprefix("loss/"): v for k, v in terms.items() if k.startswith("loss/")}
+        bad = [name for name, value in losses.items() if not math.isfinite(value)]
         for name in bad:
             skipped[name] = skipped.get(name, 0) + 1
         if bad:
             return
-        fit_pi, fit_vf = "policy" in terms, "value" in terms
-        if fit_pi:
-            stats["pi"].append(terms["policy"])
-            stats["entropy"].append(terms["entropy"])
-        if fit_vf:
-            stats["vf"].append(terms["value"])
+        if "policy" in losses:
+            stats["pi"].append(losses["policy"])
+            stats["entropy"].append(losses["entropy"])
+        if "value" in losses:
+            stats["vf"].append(losses["value"])
         for key, opt in self.optimizers.items():
-            grad = self.gradients.gradient(
-                key, fit_pi and key in ("pi", "all"), fit_vf and key in ("vf", "all")
-            )
-            if grad is None:
+            if key not in grads:
                 continue
-            norm = clip_grad_norm(grad, cfg.max_grad_norm)
+            norm = clip_grad_norm(grads[key], self.config.max_grad_norm)
             if not math.isfinite(norm):
                 skipped["gradient"] = skipped.get("gradient", 0) + 1
                 continue
-            opt.step(grad)
+            opt.step(grads[key])
 
 
 def _mean(values: list[float]) -> float:

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.nn.utils import parameters_to_vector
 
 from trustrl.config import TRPOConfig
-from trustrl.losses import explained_variance, normalize_advantages
+from trustrl.losses import explained_variance, normalize_advantages, surrogate
 from trustrl.optim import Adam
 from trustrl.policy import Policy
 from trustrl.rollout import Batch, Rollout
@@ -153,12 +153,9 @@ class TRPOUpdate:
             old_params = policy.dist_params(batch.obs, batch.action_mask, batch.agent)
             entropy = float(policy.head.entropy(old_params).mean())
 
-        def surrogate() -> Tensor:
-            new_params = policy.dist_params(batch.obs, batch.action_mask, batch.agent)
-            ratio = torch.exp(policy.head.log_prob(new_params, batch.actions) - batch.logprob)
-            return (ratio * advantages).mean()
-
-        objective = surrogate()
+        new_params = policy.dist_params(batch.obs, batch.action_mask, batch.agent)
+        logprob = policy.head.log_prob(new_params, batch.actions)
+        objective = surrogate(logprob, batch.logprob, advantages)
         grads = torch.autograd.grad(objective, params)
         g = torch.cat([grad.reshape(-1) for grad in grads])
         base = objective.item()
@@ -180,9 +177,9 @@ class TRPOUpdate:
         def evaluate(candidate: Tensor) -> tuple[float, float]:
             assign(params, candidate)
             new_params = policy.dist_params(batch.obs, batch.action_mask, batch.agent)
-            ratio = torch.exp(policy.head.log_prob(new_params, batch.actions) - batch.logprob)
+            logprob = policy.head.log_prob(new_params, batch.actions)
             kl = policy.head.kl(old_params, new_params).mean()
-            return float((ratio * advantages).mean()), float(kl)
+            return float(surrogate(logprob, batch.logprob, advantages)), float(kl)
 
         tries, accepted = (0, None)
         if scale > 0 and all(math.isfinite(v) for v in (expected_full, base)):
@@ -219,17 +216,15 @@ class TRPOUpdate:
     def fit_critic(self, policy: Policy, batch: Batch) -> dict[str, float]:
         cfg = self.config
         grads = self.gradients
-        grads.bind()
         epoch_losses: list[float] = []
         for _ in range(cfg.train_vf_iters):
             losses = []
             for mb in grads.minibatches(batch, cfg.minibatches, self.generator):
-                value = grads.value_term(mb)
+                terms, mb_grads = grads.step(mb, fit_policy=False, fit_value=True)
+                value = terms["loss/value"]
                 if not math.isfinite(value):
                     continue
-                grad = grads.gradient("vf", policy=False, value=True)
-                assert grad is not None
-                self.vf_optimizer.step(grad)
+                self.vf_optimizer.step(mb_grads["vf"])
                 losses.append(value)
             if losses:
                 epoch_losses.append(sum(losses) / len(losses))
