@@ -87,7 +87,7 @@ def test_load_gives_the_trained_policy_normalizer_included(trained) -> None:
     expected_actions = policy.act(obs.numpy())
     checkpoints = run_dir / "checkpoints"
     for path in (run_dir, checkpoints, checkpoints / "final", checkpoints / "iter_00000005"):
-        loaded = trustrl.Policy.load(path)
+        loaded = trustrl.load_policy(path)
         assert loaded.obs_normalizer is not None, path
         assert torch.equal(loaded.obs_normalizer.mean, normalizer.mean), path
         assert torch.equal(loaded.obs_normalizer.var, normalizer.var), path
@@ -100,13 +100,13 @@ def test_load_gives_the_trained_policy_normalizer_included(trained) -> None:
     assert torch.equal(dist_params(trustrl.load_policy(run_dir), obs), expected_params)
 
     # The normalizer matters: the same weights without its statistics act differently.
-    bare = trustrl.Policy.load(run_dir)
+    bare = trustrl.load_policy(run_dir)
     assert bare.obs_normalizer is not None
     bare.obs_normalizer.mean.zero_()
     bare.obs_normalizer.var.fill_(1.0)
     assert not torch.allclose(dist_params(bare, obs), expected_params)
     # An older checkpoint is a different policy (the loader reads the folder it is given).
-    older = trustrl.Policy.load(checkpoints / "iter_00000003")
+    older = trustrl.load_policy(checkpoints / "iter_00000003")
     assert not torch.equal(dist_params(older, obs), expected_params)
 
 
@@ -138,7 +138,7 @@ def test_pickle_files_are_refused_and_never_unpickled(
 
     for evil in (evil_pt, evil_pkl):
         with pytest.raises(CheckpointError, match="not a trustrl checkpoint folder"):
-            trustrl.Policy.load(evil)
+            trustrl.load_policy(evil)
         assert cli.main(["eval", str(evil), "--episodes", "1"]) == 2
         err = capsys.readouterr().err
         assert err.startswith("trustrl: error: ") and str(evil) in err, err
@@ -149,14 +149,14 @@ def test_pickle_files_are_refused_and_never_unpickled(
     folder.mkdir()
     shutil.copy(evil_pt, folder / "policy.pt")
     with pytest.raises(CheckpointError, match="no checkpoint found"):
-        trustrl.Policy.load(folder)
+        trustrl.load_policy(folder)
 
     # A pickle posing as policy.safetensors in a real checkpoint folder.
     fake = tmp_path / "fake"
     shutil.copytree(run_dir / "checkpoints" / "final", fake)
     shutil.copy(evil_pt, fake / "policy.safetensors")
     with pytest.raises(CheckpointError, match=r"policy\.safetensors is damaged or truncated"):
-        trustrl.Policy.load(fake)
+        trustrl.load_policy(fake)
     assert cli.main(["eval", str(fake), "--episodes", "1"]) == 2
     assert "damaged or truncated" in capsys.readouterr().err
 
@@ -167,7 +167,7 @@ def test_pickle_files_are_refused_and_never_unpickled(
     shutil.copytree(run_dir / "checkpoints" / "final", tampered)
     assert not (tampered / "envs.pkl").exists()  # CartPole's state is arrays
     forge_env_state(tampered, MakesMarker(marker))
-    trustrl.Policy.load(tampered)
+    trustrl.load_policy(tampered)
     assert cli.main(["eval", str(tampered), "--episodes", "1", "--json"]) == 0
     capsys.readouterr()
 
@@ -188,14 +188,14 @@ def checkpoint_copy(trained, tmp_path: Path) -> Path:
     run_dir, _ = trained
     folder = tmp_path / "ckpt"
     shutil.copytree(run_dir / "checkpoints" / "final", folder)
-    trustrl.Policy.load(folder)  # intact before the test damages it
+    trustrl.load_policy(folder)  # intact before the test damages it
     return folder
 
 
 def test_missing_policy_file(checkpoint_copy: Path) -> None:
     (checkpoint_copy / "policy.safetensors").unlink()
     with pytest.raises(CheckpointError, match=r"policy\.safetensors is missing"):
-        trustrl.Policy.load(checkpoint_copy)
+        trustrl.load_policy(checkpoint_copy)
 
 
 def test_truncated_policy_file(checkpoint_copy: Path) -> None:
@@ -203,7 +203,7 @@ def test_truncated_policy_file(checkpoint_copy: Path) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match=r"policy\.safetensors is damaged or truncated"):
-        trustrl.Policy.load(checkpoint_copy)
+        trustrl.load_policy(checkpoint_copy)
 
 
 def test_truncated_state_file_refuses_resume(checkpoint_copy: Path) -> None:
@@ -220,19 +220,19 @@ def test_future_format_version(checkpoint_copy: Path) -> None:
     meta["format_version"] = 99
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="format version 99") as error:
-        trustrl.Policy.load(checkpoint_copy)
+        trustrl.load_policy(checkpoint_copy)
     assert "reads version 1" in str(error.value)
 
 
 def test_unreadable_meta(checkpoint_copy: Path) -> None:
     (checkpoint_copy / "meta.json").write_text('{"format_version": 1, "poli')
     with pytest.raises(CheckpointError, match=r"meta\.json is unreadable"):
-        trustrl.Policy.load(checkpoint_copy)
+        trustrl.load_policy(checkpoint_copy)
 
 
 def test_missing_path() -> None:
     with pytest.raises(CheckpointError, match="does not exist"):
-        trustrl.Policy.load("/nonexistent/trustrl/run")
+        trustrl.load_policy("/nonexistent/trustrl/run")
 
 
 def test_resume_continues_counters_and_appends_progress(tmp_path: Path) -> None:
@@ -241,7 +241,7 @@ def test_resume_continues_counters_and_appends_progress(tmp_path: Path) -> None:
 
     trainer = Trainer(config(iterations=4), tmp_path, resume=True)
     assert (trainer.iteration, trainer.env_steps) == (2, 2 * BATCH)
-    saved = trustrl.Policy.load(tmp_path).state_dict()
+    saved = trustrl.load_policy(tmp_path).state_dict()
     restored = trainer.policy.state_dict()
     assert saved.keys() == restored.keys()
     assert all(torch.equal(saved[k], restored[k]) for k in saved)
@@ -257,7 +257,7 @@ def test_resume_continues_counters_and_appends_progress(tmp_path: Path) -> None:
     meta = json.loads((tmp_path / "checkpoints" / "final" / "meta.json").read_text())
     assert (meta["iteration"], meta["env_steps"]) == (4, 4 * BATCH)
     # The normalizer kept counting across the resume.
-    policy = trustrl.Policy.load(tmp_path)
+    policy = trustrl.load_policy(tmp_path)
     assert policy.obs_normalizer is not None
     assert policy.obs_normalizer.count.item() == 4 * BATCH
 
@@ -337,7 +337,7 @@ def test_full_disk_at_save_keeps_the_previous_checkpoint(
     monkeypatch.undo()
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == before
     assert not list((tmp_path / "checkpoints").glob(".tmp-*")), "a half-written folder remains"
-    trustrl.Policy.load(tmp_path)  # the previous checkpoint still loads
+    trustrl.load_policy(tmp_path)  # the previous checkpoint still loads
     assert load_checkpoint(tmp_path)[1]["iteration"] == 2
 
 
@@ -371,7 +371,7 @@ def test_background_checkpoints_hold_their_own_iteration(
     assert len(weights) == 3
     assert not torch.equal(weights[0]["actor.0.weight"], weights[2]["actor.0.weight"])
     for iteration, expected in enumerate(weights, 1):
-        policy = trustrl.Policy.load(tmp_path / "checkpoints" / f"iter_{iteration:08d}")
+        policy = trustrl.load_policy(tmp_path / "checkpoints" / f"iter_{iteration:08d}")
         for key, value in policy.state_dict().items():
             assert torch.equal(value, expected[key]), (iteration, key)
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "final"

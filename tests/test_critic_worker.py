@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
+import trustrl.updates.critic_worker as critic_worker
 from tests.test_grads import make_policy, make_rollout
 from trustrl.config import PPOConfig
-from trustrl.updates import critic_worker
 from trustrl.updates.ppo import PPOUpdate
 
 pytestmark = pytest.mark.skipif(not critic_worker.available(), reason="needs Linux and two CPUs")

@@ -10,7 +10,7 @@ with ``--resume``, so kills also hit resumed runs; now and then a new run folder
 started, so kills also hit first checkpoints. After each kill:
 
 * the newest checkpoint folder (highest ``iter_*`` that was renamed into place) loads
-  with ``load_checkpoint`` and ``Policy.load``;
+  with ``load_checkpoint`` and ``trustrl.load_policy``;
 * the run folder itself resolves (through ``latest``) to that checkpoint or, when the kill
   fell between the rename and the pointer update, the one before, and loads too.
 
@@ -229,7 +229,7 @@ def check_after_kill(run_dir: Path, pid: int, tally: Tally) -> None:
     newest = complete[-1]
     try:
         load_checkpoint(newest)
-        trustrl.Policy.load(newest)
+        trustrl.load_policy(newest)
     except Exception as exc:
         tally.fail(f"{newest} (newest complete) does not load: {exc!r}")
         return
@@ -243,7 +243,7 @@ def check_after_kill(run_dir: Path, pid: int, tally: Tally) -> None:
         return
     try:
         folder, _, _, _ = load_checkpoint(run_dir)
-        trustrl.Policy.load(run_dir)
+        trustrl.load_policy(run_dir)
     except Exception as exc:
         tally.fail(f"{run_dir} does not load after a kill: {exc!r}")
         return

@@ -26,13 +26,9 @@ from tests.coop_env import scripted_reward
 from trustrl.collect import Collector
 from trustrl.config import PolicyConfig, PPOConfig, config_from_dict, merge
 from trustrl.distributions import StackedLinear
-from trustrl.multiagent import (
-    MultiAgentPolicy,
-    ParallelRows,
-    evaluate_parallel,
-    parallel_env_factory,
-)
-from trustrl.policy import Policy
+from trustrl.evaluation import evaluate_parallel
+from trustrl.multiagent import ParallelRows, parallel_env_factory
+from trustrl.policy import MultiAgentPolicy, Policy
 from trustrl.rollout import Rollout
 from trustrl.spaces import SpaceSpec
 from trustrl.trainer import Trainer
@@ -578,7 +574,7 @@ def test_checkpoint_round_trip(tmp_path: Path, actor: str) -> None:
     )
     trained = t.train()
     assert isinstance(trained, MultiAgentPolicy)
-    loaded = trustrl.Policy.load(tmp_path)
+    loaded = trustrl.load_policy(tmp_path)
     assert isinstance(loaded, MultiAgentPolicy)
     assert loaded.describe() == trained.describe()
     for name, value in trained.state_dict().items():

@@ -17,7 +17,7 @@ import pytest
 
 from tests.coop_env import CoopCueEnv
 from trustrl.config import config_from_dict
-from trustrl.multiagent import MultiAgentPolicy
+from trustrl.policy import MultiAgentPolicy
 from trustrl.trainer import Trainer
 
 pytestmark = pytest.mark.slow

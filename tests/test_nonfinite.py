@@ -13,8 +13,8 @@ import torch
 
 from tests.test_cli import run_cli
 from trustrl.config import resolve
-from trustrl.envs import AgentGroup, GroupObs, GroupStep, NonFiniteError, check_finite
 from trustrl.normalize import RunningMeanStd
+from trustrl.rows import AgentGroup, GroupObs, GroupStep, NonFiniteError, check_finite
 from trustrl.spaces import SpaceSpec
 from trustrl.trainer import FAILED_UPDATES_LIMIT, Trainer, TrainingError
 

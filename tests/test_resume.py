@@ -158,7 +158,7 @@ def test_env_state_digest_is_checked_before_unpickling(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     (folder / "envs.pkl").write_bytes(pickle.dumps(_Marker(marker)))
 
-    policy = trustrl.Policy.load(tmp_path)  # loading a policy never reads envs.pkl
+    policy = trustrl.load_policy(tmp_path)  # loading a policy never reads envs.pkl
     assert policy is not None
     with pytest.raises(CheckpointError, match="digest"), pytest.warns(UserWarning):
         trustrl.Trainer(config, tmp_path, resume=True, trust_env_state=True)

@@ -1,4 +1,4 @@
-"""Loading for evaluation, export and ``Policy.load`` never unpickles, and every damaged or
+"""Loading for evaluation, export and ``trustrl.load_policy`` never unpickles, and every damaged or
 mismatched checkpoint is refused with a ``CheckpointError`` (exit code 2 from the CLI) that
 names the problem.
 
@@ -108,7 +108,7 @@ def run_copy(trained_run: Path, tmp_path: Path) -> tuple[Path, Path]:
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run, run_dir)
     folder = resolve_checkpoint(run_dir)
-    trustrl.Policy.load(run_dir)  # intact before the test damages it
+    trustrl.load_policy(run_dir)  # intact before the test damages it
     return run_dir, folder
 
 
@@ -118,7 +118,7 @@ def run_copy(trained_run: Path, tmp_path: Path) -> tuple[Path, Path]:
 
 def loaders(path: Path, out_dir: Path) -> dict[str, Callable[[], Any]]:
     return {
-        "Policy.load": lambda: trustrl.Policy.load(path),
+        "load_policy": lambda: trustrl.load_policy(path),
         "load_checkpoint": lambda: load_checkpoint(path),
         "eval": lambda: cli.main(["eval", str(path), "--episodes", "1"]),
         "export onnx": lambda: cli.main(["export", str(path), "--out", str(out_dir / "a.onnx")]),
@@ -144,7 +144,7 @@ def outcome(call: Callable[[], Any]) -> tuple[str, str]:
 
 
 def check_refused(name: str, kind: str, message: str, expected: str) -> None:
-    if name in ("Policy.load", "load_checkpoint"):
+    if name in ("load_policy", "load_checkpoint"):
         assert kind == "CheckpointError", (name, kind, message)
     else:
         assert kind == "exit 2", (name, kind, message)
@@ -323,7 +323,7 @@ def test_checkpoint_for_other_spaces(
     edit, described, undescribed = OTHER_SPACES[case]
     if legacy:
         strip_description(folder / "policy.safetensors")
-        trustrl.Policy.load(folder)  # still loads while meta.json is right
+        trustrl.load_policy(folder)  # still loads while meta.json is right
         expected = ["policy.safetensors does not fit the described policy", *undescribed]
     else:
         expected = ["policy.safetensors was saved for another policy than", *described]
@@ -337,7 +337,7 @@ def test_weights_that_fit_other_spaces_are_still_refused(tmp_path: Path) -> None
     policy = Policy(SpaceSpec.from_spaces(env.observation_space, env.action_space))
     folder = tmp_path / "ckpt"
     write_checkpoint(folder, policy, {"config": config_to_dict(Config(env_id="Pendulum-v1"))}, {})
-    trustrl.Policy.load(folder)
+    trustrl.load_policy(folder)
     edit_meta(folder, lambda m: _spec(m).update(low=[-1.0], high=[1.0]))
     assert_every_loader_refuses(
         folder, tmp_path, "spec.high ([2.0] vs [1.0])", "spec.low ([-2.0] vs [-1.0])"
@@ -380,7 +380,7 @@ def test_truncated_state_file_refuses_resume_only(
     path.write_bytes(path.read_bytes()[:100])
     kind_, message = outcome(lambda: load_checkpoint(folder))
     check_refused("load_checkpoint", kind_, message, "state.safetensors is damaged or truncated")
-    assert outcome(lambda: trustrl.Policy.load(folder))[0] == "ok"
+    assert outcome(lambda: trustrl.load_policy(folder))[0] == "ok"
 
 
 def _drop_tensor_reference(meta: dict[str, Any]) -> None:

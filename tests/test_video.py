@@ -12,7 +12,7 @@ import pytest
 
 import trustrl
 from trustrl import cli
-from trustrl.multiagent import evaluate_parallel
+from trustrl.evaluation import evaluate_parallel
 from trustrl.video import record
 
 
@@ -58,7 +58,7 @@ def test_a_multiagent_mpe2_episode_is_recorded_from_its_frames(tmp_path: Path) -
         rollout={"num_steps": 25},
         ppo={"update_epochs": 1, "vf_epochs": 1},
     )
-    policy = trustrl.Policy.load(run)
+    policy = trustrl.load_policy(run)
     recording = record(
         policy, "mpe2:simple_spread_v3", tmp_path / "v", episodes=2, env_kwargs={"max_cycles": 10}
     )
@@ -77,7 +77,7 @@ def test_mujoco_renders_headless_through_egl(tmp_path: Path) -> None:
     code = (
         "import sys, trustrl\n"
         "from trustrl.video import record\n"
-        "r = record(trustrl.Policy.load(sys.argv[1]), 'Hopper-v5', sys.argv[2],\n"
+        "r = record(trustrl.load_policy(sys.argv[1]), 'Hopper-v5', sys.argv[2],\n"
         "           env_kwargs={'max_episode_steps': 3})\n"
         "print(r.videos[0])\n"
     )

@@ -33,17 +33,14 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from trustrl.policy import Policy
-
-if TYPE_CHECKING:
-    from trustrl.multiagent import MultiAgentPolicy
+from trustrl.policy import MultiAgentPolicy, Policy
 
 FORMAT_VERSION = 1
 META = "meta.json"
@@ -380,15 +377,15 @@ def differences(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 
 def load_policy(path: str | Path) -> Policy:
-    """Rebuild the policy (with its normalizer) from a checkpoint; no pickle anywhere."""
+    """A trained policy (with its normalizers) from a run folder or checkpoint folder:
+    ``trustrl.load_policy``. A multi-agent run gives a ``MultiAgentPolicy``. No pickle
+    anywhere; loading never leaves the folder given."""
     folder = resolve_checkpoint(path)
     meta = read_meta(folder)
     description = meta.get("policy")
     try:
         policy: Any
         if isinstance(description, dict) and "groups" in description:
-            from trustrl.multiagent import MultiAgentPolicy
-
             policy = MultiAgentPolicy.from_description(description)
         else:
             policy = Policy.from_description(description)  # type: ignore[arg-type]

@@ -29,9 +29,10 @@ import numpy as np
 
 from trustrl.config import Config, ObsStats
 from trustrl.contract import EpisodeStats, GroupBatch, PolicySnapshot, RolloutBatch
-from trustrl.envs import AgentGroup, EnvState, GroupObs, GymRows, RowEnv, make_row_env
+from trustrl.envs import GymRows, make_row_env
 from trustrl.inference import Inference
 from trustrl.normalize import RunningMeanStd, RunningStats
+from trustrl.rows import AgentGroup, EnvState, GroupObs, RowEnv
 from trustrl.spaces import SpaceSpec
 
 

@@ -25,8 +25,8 @@ import numpy as np
 from trustrl.normalize import RunningStats
 
 if TYPE_CHECKING:
-    from trustrl.envs import AgentGroup
     from trustrl.policy import Policy
+    from trustrl.rows import AgentGroup
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -11,11 +11,8 @@ import numpy as np
 from trustrl.config import ConfigError
 from trustrl.envs import env_factory, env_kwargs_errors
 from trustrl.inference import Inference
-from trustrl.policy import Policy
+from trustrl.policy import MultiAgentPolicy, Policy, check_agents
 from trustrl.spaces import SpaceSpec
-
-if TYPE_CHECKING:
-    from trustrl.multiagent import MultiAgentPolicy
 
 
 @dataclass(frozen=True)
@@ -70,8 +67,6 @@ def evaluate(
     """Mean and spread of the episode return over ``episodes`` seeded episodes."""
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
-    from trustrl.multiagent import MultiAgentPolicy, evaluate_parallel
-
     if isinstance(policy, MultiAgentPolicy):
         means, episode_lengths, agents = evaluate_parallel(
             policy, env_id, episodes, deterministic, seed, env_kwargs
@@ -169,3 +164,41 @@ def _stack_masks(masks: list[Any]) -> np.ndarray | None:
         return None
     size = len(next(m for m in masks if m is not None))
     return np.stack([np.ones(size, bool) if m is None else np.asarray(m, bool) for m in masks])
+
+
+def evaluate_parallel(
+    policy: MultiAgentPolicy,
+    env_id: str,
+    episodes: int,
+    deterministic: bool = True,
+    seed: int = 0,
+    env_kwargs: dict[str, Any] | None = None,
+) -> tuple[list[float], list[int], dict[str, list[float]]]:
+    """Per episode: the mean over agents of each agent's return, the episode length, and
+    each agent's own return (by agent name)."""
+    from trustrl.multiagent import parallel_env_factory  # PettingZoo on use
+
+    env = parallel_env_factory(env_id, env_kwargs)()
+    returns, lengths = [], []
+    per_agent: dict[str, list[float]] = {a: [] for a in env.possible_agents}
+    try:
+        check_agents(policy, env, env_id)
+        for episode in range(episodes):
+            observations, _ = env.reset(seed=seed + episode)
+            totals = dict.fromkeys(env.possible_agents, 0.0)
+            length = 0
+            while env.agents:
+                # Only agents still in the episode act (finished ones may still be in the
+                # observation dict of the step that ended them).
+                actions = policy.act({a: observations[a] for a in env.agents}, deterministic)
+                observations, rewards, _, _, _ = env.step(actions)
+                for agent, reward in rewards.items():
+                    totals[agent] += float(reward)
+                length += 1
+            returns.append(float(np.mean(list(totals.values()))))
+            lengths.append(length)
+            for agent, total in totals.items():
+                per_agent[agent].append(total)
+    finally:
+        env.close()
+    return returns, lengths, per_agent

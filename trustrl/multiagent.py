@@ -27,15 +27,13 @@ import importlib
 import math
 import pickle
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from trustrl.config import ConfigError
-from trustrl.envs import AgentGroup, GroupObs, GroupStep, check_finite, is_entry_point
-from trustrl.policy import Policy
+from trustrl.rows import AgentGroup, GroupObs, GroupStep, check_finite, is_entry_point
 from trustrl.spaces import SpaceSpec
 
 
@@ -314,123 +312,3 @@ class ParallelRows:
     def close(self) -> None:
         for env in self.envs:
             env.close()
-
-
-class MultiAgentPolicy(torch.nn.Module):
-    """One ``Policy`` per agent group; acts on PettingZoo observation dicts."""
-
-    def __init__(self, groups: list[AgentGroup], policies: list[Policy]) -> None:
-        super().__init__()
-        self.groups = groups
-        self.policies = torch.nn.ModuleList(policies)
-
-    @property
-    def members(self) -> list[Policy]:
-        return cast("list[Policy]", list(self.policies))
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "groups": [
-                {"name": g.name, "agents": list(g.agents), "policy": p.describe()}
-                for g, p in zip(self.groups, self.members, strict=True)
-            ]
-        }
-
-    @classmethod
-    def from_description(cls, description: dict[str, Any]) -> MultiAgentPolicy:
-        groups, policies = [], []
-        for entry in description["groups"]:
-            policy = Policy.from_description(entry["policy"])
-            groups.append(
-                AgentGroup(entry["name"], tuple(entry["agents"]), policy.spec, policy.critic_dim)
-            )
-            policies.append(policy)
-        return cls(groups, policies)
-
-    @torch.inference_mode()
-    def act(
-        self, observations: dict[str, Any], deterministic: bool = True, state: Any = None
-    ) -> dict[str, Any]:
-        """Actions for the agents present in ``observations`` (a PettingZoo obs dict)."""
-        actions: dict[str, Any] = {}
-        for group, policy in zip(self.groups, self.members, strict=True):
-            present = [a for a in group.agents if a in observations]
-            if not present:
-                continue
-            raw = [observations[a] for a in present]
-            for name, obs in zip(present, raw, strict=True):
-                if not group.spec.is_single(obs):
-                    raise ValueError(
-                        f"{name}: expected one observation of shape {group.spec.obs_shape}, "
-                        f"got shape {np.shape(obs)}"
-                    )
-            if group.spec.dict_obs:
-                batch: Any = {
-                    "observation": np.stack([r["observation"] for r in raw]),
-                    "action_mask": np.stack([r["action_mask"] for r in raw]),
-                }
-            else:
-                batch = np.stack([np.asarray(r, dtype=np.float32) for r in raw])
-            flat, mask = group.spec.split(batch)
-            agent = torch.tensor([group.agents.index(a) for a in present])
-            x = policy.normalize(torch.as_tensor(flat))
-            mask_t = torch.as_tensor(mask) if mask is not None else None
-            params = policy.dist_params(x, mask_t, agent)
-            chosen = policy.head.mode(params) if deterministic else policy.head.sample(params)
-            for a, action in zip(present, group.spec.to_env(chosen), strict=True):
-                actions[a] = action
-        return actions
-
-
-def check_agents(policy: MultiAgentPolicy, env: Any, env_id: str) -> None:
-    """Refuse an env whose agents or spaces the policy was not trained for, naming them."""
-    missing = [a for g in policy.groups for a in g.agents if a not in env.possible_agents]
-    if missing:
-        raise ValueError(
-            f"this policy acts for agents {', '.join(missing)}, which {env_id} does not have "
-            f"(its agents: {', '.join(env.possible_agents)})"
-        )
-    for group in policy.groups:
-        for agent in group.agents:
-            spec = SpaceSpec.from_spaces(env.observation_space(agent), env.action_space(agent))
-            if not group.spec.compatible(spec):
-                raise ValueError(
-                    f"this policy was trained for {agent} with {group.spec.summary()}; "
-                    f"{env_id}'s {agent} has {spec.summary()}"
-                )
-
-
-def evaluate_parallel(
-    policy: MultiAgentPolicy,
-    env_id: str,
-    episodes: int,
-    deterministic: bool = True,
-    seed: int = 0,
-    env_kwargs: dict[str, Any] | None = None,
-) -> tuple[list[float], list[int], dict[str, list[float]]]:
-    """Per episode: the mean over agents of each agent's return, the episode length, and
-    each agent's own return (by agent name)."""
-    env = parallel_env_factory(env_id, env_kwargs)()
-    returns, lengths = [], []
-    per_agent: dict[str, list[float]] = {a: [] for a in env.possible_agents}
-    try:
-        check_agents(policy, env, env_id)
-        for episode in range(episodes):
-            observations, _ = env.reset(seed=seed + episode)
-            totals = dict.fromkeys(env.possible_agents, 0.0)
-            length = 0
-            while env.agents:
-                # Only agents still in the episode act (finished ones may still be in the
-                # observation dict of the step that ended them).
-                actions = policy.act({a: observations[a] for a in env.agents}, deterministic)
-                observations, rewards, _, _, _ = env.step(actions)
-                for agent, reward in rewards.items():
-                    totals[agent] += float(reward)
-                length += 1
-            returns.append(float(np.mean(list(totals.values()))))
-            lengths.append(length)
-            for agent, total in totals.items():
-                per_agent[agent].append(total)
-    finally:
-        env.close()
-    return returns, lengths, per_agent

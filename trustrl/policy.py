@@ -11,8 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import asdict
-from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -27,6 +26,7 @@ from trustrl.distributions import (
     StackedLinear,
 )
 from trustrl.normalize import RunningMeanStd
+from trustrl.rows import AgentGroup
 from trustrl.spaces import SpaceSpec
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -334,15 +334,92 @@ class Policy(nn.Module):
             value_norm=description.get("value_norm", False),
         )
 
-    @classmethod
-    def load(cls, path: str | Path) -> Policy:
-        """A trained policy from a run folder or checkpoint folder (never unpickles)."""
-        from trustrl.checkpoint import load_policy
-
-        return load_policy(path)
-
 
 def _add_batch_dim(obs: Any) -> Any:
     if isinstance(obs, dict):
         return {k: np.asarray(v)[None] for k, v in obs.items()}
     return np.asarray(obs)[None]
+
+
+class MultiAgentPolicy(nn.Module):
+    """One ``Policy`` per agent group; acts on PettingZoo observation dicts."""
+
+    def __init__(self, groups: list[AgentGroup], policies: list[Policy]) -> None:
+        super().__init__()
+        self.groups = groups
+        self.policies = nn.ModuleList(policies)
+
+    @property
+    def members(self) -> list[Policy]:
+        return cast("list[Policy]", list(self.policies))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "groups": [
+                {"name": g.name, "agents": list(g.agents), "policy": p.describe()}
+                for g, p in zip(self.groups, self.members, strict=True)
+            ]
+        }
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any]) -> MultiAgentPolicy:
+        groups, policies = [], []
+        for entry in description["groups"]:
+            policy = Policy.from_description(entry["policy"])
+            groups.append(
+                AgentGroup(entry["name"], tuple(entry["agents"]), policy.spec, policy.critic_dim)
+            )
+            policies.append(policy)
+        return cls(groups, policies)
+
+    @torch.inference_mode()
+    def act(
+        self, observations: dict[str, Any], deterministic: bool = True, state: Any = None
+    ) -> dict[str, Any]:
+        """Actions for the agents present in ``observations`` (a PettingZoo obs dict)."""
+        actions: dict[str, Any] = {}
+        for group, policy in zip(self.groups, self.members, strict=True):
+            present = [a for a in group.agents if a in observations]
+            if not present:
+                continue
+            raw = [observations[a] for a in present]
+            for name, obs in zip(present, raw, strict=True):
+                if not group.spec.is_single(obs):
+                    raise ValueError(
+                        f"{name}: expected one observation of shape {group.spec.obs_shape}, "
+                        f"got shape {np.shape(obs)}"
+                    )
+            if group.spec.dict_obs:
+                batch: Any = {
+                    "observation": np.stack([r["observation"] for r in raw]),
+                    "action_mask": np.stack([r["action_mask"] for r in raw]),
+                }
+            else:
+                batch = np.stack([np.asarray(r, dtype=np.float32) for r in raw])
+            flat, mask = group.spec.split(batch)
+            agent = torch.tensor([group.agents.index(a) for a in present])
+            x = policy.normalize(torch.as_tensor(flat))
+            mask_t = torch.as_tensor(mask) if mask is not None else None
+            params = policy.dist_params(x, mask_t, agent)
+            chosen = policy.head.mode(params) if deterministic else policy.head.sample(params)
+            for a, action in zip(present, group.spec.to_env(chosen), strict=True):
+                actions[a] = action
+        return actions
+
+
+def check_agents(policy: MultiAgentPolicy, env: Any, env_id: str) -> None:
+    """Refuse an env whose agents or spaces the policy was not trained for, naming them."""
+    missing = [a for g in policy.groups for a in g.agents if a not in env.possible_agents]
+    if missing:
+        raise ValueError(
+            f"this policy acts for agents {', '.join(missing)}, which {env_id} does not have "
+            f"(its agents: {', '.join(env.possible_agents)})"
+        )
+    for group in policy.groups:
+        for agent in group.agents:
+            spec = SpaceSpec.from_spaces(env.observation_space(agent), env.action_space(agent))
+            if not group.spec.compatible(spec):
+                raise ValueError(
+                    f"this policy was trained for {agent} with {group.spec.summary()}; "
+                    f"{env_id}'s {agent} has {spec.summary()}"
+                )

@@ -27,7 +27,7 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from trustrl.contract import GroupBatch
-    from trustrl.envs import AgentGroup
+    from trustrl.rows import AgentGroup
 
 
 def gae(

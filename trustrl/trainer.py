@@ -39,13 +39,12 @@ from trustrl.checkpoint import (
 from trustrl.collect import make_collector
 from trustrl.config import Config, config_from_dict, config_to_dict
 from trustrl.contract import EpisodeStats, PolicySnapshot, RolloutBatch, Runner
-from trustrl.envs import NonFiniteError
 from trustrl.evaluation import EvalResult, evaluate
 from trustrl.logging import ProgressBar, ProgressFile, TensorBoardWriter, truncate_progress
-from trustrl.multiagent import MultiAgentPolicy
-from trustrl.policy import Policy
+from trustrl.policy import MultiAgentPolicy, Policy
 from trustrl.rollout import Rollout
-from trustrl.updates import make_update
+from trustrl.rows import NonFiniteError
+from trustrl.updates.registry import make_update
 
 
 def default_run_dir(config: Config) -> Path:

@@ -18,8 +18,7 @@ import numpy as np
 from trustrl.envs import env_factory
 
 if TYPE_CHECKING:
-    from trustrl.multiagent import MultiAgentPolicy
-    from trustrl.policy import Policy
+    from trustrl.policy import MultiAgentPolicy, Policy
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ def record(
     each as ``<folder>/<name_prefix>-episode-<i>.mp4``."""
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
-    from trustrl.multiagent import MultiAgentPolicy
+    from trustrl.policy import MultiAgentPolicy
 
     folder = Path(folder)
     if isinstance(policy, MultiAgentPolicy):

@@ -31,7 +31,7 @@ from trustrl.collect import make_collector
 from trustrl.config import Config
 from trustrl.contract import PolicySnapshot, RolloutBatch, join
 from trustrl.distributed.cluster import RayCluster, import_ray
-from trustrl.envs import AgentGroup
+from trustrl.rows import AgentGroup
 
 # Seeds: runner i's envs start at seed + SEED_STRIDE * i (Gymnasium's vector envs seed
 # env j with seed + j); its k-th replacement adds REPLACEMENT_STRIDE * k.

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+import trustrl.updates.critic_worker as critic_worker
 from trustrl import kernels
 from trustrl.config import PPOConfig
 from trustrl.distributions import (
@@ -48,7 +49,6 @@ from trustrl.losses import policy_terms, policy_terms_numpy, value_terms, value_
 from trustrl.optim import Adam, share_memory
 from trustrl.policy import Policy
 from trustrl.rollout import Batch, NumpyBatch
-from trustrl.updates import critic_worker
 from trustrl.updates.critic_worker import CriticWorker
 
 Terms = dict[str, float]
