@@ -225,7 +225,8 @@ def work(job: Job, run_dir: Path, code: dict[str, Any]) -> None:
     if preset.eval_every == 0:  # a preset's own (e.g. CartPole's, with its early stop) stays
         overrides["eval_every"] = max(1, round(job.eval_every / preset.batch_size))
     config = trustrl.resolve(job.env_id, job.algo, overrides=overrides)
-    trainer = Trainer(config)
+    # The folder holds this worker's log already: a new run into it, on purpose.
+    trainer = Trainer(config, overwrite=True)
     setup_s = time.perf_counter() - PROCESS_START
     trainer.train()
     train_s = time.perf_counter() - PROCESS_START - setup_s
