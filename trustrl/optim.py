@@ -4,8 +4,8 @@ Why not ``torch.optim.Adam``: constructing any ``torch.optim.Optimizer`` imports
 ``torch._dynamo``, which costs 2-3 s on this project's 2-core machines, longer than a
 whole CartPole training run; and on CPU its per-parameter (or per-tensor ``foreach``)
 ops dominate a small network's step (see docs/performance.md). This class keeps the
-weights and moments in flat tensors and steps them with a handful of public in-place
-torch ops on those (the arithmetic of ``torch.optim.Adam``'s single-tensor CPU path);
+weights and moments in flat tensors and steps them with a handful of in-place numpy ops
+on views of those (the arithmetic of ``torch.optim.Adam``'s single-tensor CPU path);
 ``tests/test_optim.py`` checks it step for step against ``torch.optim.Adam``. It keeps
 torch's attribute names (``param_groups``, ``state``) and ``state_dict`` layout, so
 checkpoints written with either load in both.
@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -27,8 +28,8 @@ class Adam:
 
     At construction (and after ``grow``) the parameters' storage is moved into one
     contiguous tensor, each parameter becoming a view of its slice, and the moments are
-    flat tensors too. A step is then seven ops on three flat tensors, whatever the
-    number of parameters: on CPU, ``torch._foreach_*`` still pays dispatch per tensor.
+    flat tensors too. A step is then a dozen numpy ops on three flat arrays, whatever the
+    number of parameters: on CPU, torch's ``foreach`` path still pays dispatch per tensor.
     ``state[p]`` holds views of the flat moments, in torch's layout.
 
     One difference from torch.optim.Adam: within a step where some but not all
@@ -114,9 +115,8 @@ class Adam:
     def step(self, grad: Tensor | None = None) -> None:
         """One step on ``grad`` (flat, as ``flat_grad`` gives it; default: the .grads).
 
-        The arithmetic of ``torch.optim.Adam``'s single-tensor path, op for op, on the
-        flat tensors (public ops only; ATen's fused kernel is reachable only through a
-        private function or the Optimizer class, see the module docstring).
+        The arithmetic of ``torch.optim.Adam``'s single-tensor path on the flat tensors
+        (``tests/test_optim.py`` holds them together step for step).
         """
         if grad is None:
             grad = self.flat_grad()
@@ -125,14 +125,30 @@ class Adam:
         group = self.param_groups[0]
         (beta1, beta2), eps, lr = group["betas"], group["eps"], group["lr"]
         self.steps += 1
-        with torch.no_grad():
-            self.exp_avg.lerp_(grad, 1.0 - beta1)
-            self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-            bias_correction1 = 1.0 - beta1**self.steps
-            bias_correction2_sqrt = math.sqrt(1.0 - beta2**self.steps)
-            denom = torch.sqrt(self.exp_avg_sq, out=self._denom)
-            denom.div_(bias_correction2_sqrt).add_(eps)
-            self.flat.addcdiv_(self.exp_avg, denom, value=-lr / bias_correction1)
+        # In numpy on views of the flat tensors: between the numpy gradients' calls the
+        # same seven ops in torch cost about half again as much (dispatch), and ATen's
+        # fused kernel is reachable only through a private function.
+        param, grad_ = self.flat.numpy(), grad.numpy()
+        exp_avg, exp_avg_sq, denom = (
+            self.exp_avg.numpy(),
+            self.exp_avg_sq.numpy(),
+            self._denom.numpy(),
+        )
+        exp_avg *= beta1
+        np.multiply(grad_, 1.0 - beta1, out=denom)
+        exp_avg += denom
+        exp_avg_sq *= beta2
+        np.multiply(grad_, grad_, out=denom)
+        denom *= 1.0 - beta2
+        exp_avg_sq += denom
+        bias_correction1 = 1.0 - beta1**self.steps
+        bias_correction2_sqrt = math.sqrt(1.0 - beta2**self.steps)
+        np.sqrt(exp_avg_sq, out=denom)
+        denom *= 1.0 / bias_correction2_sqrt
+        denom += eps
+        np.divide(exp_avg, denom, out=denom)
+        denom *= -lr / bias_correction1
+        param += denom
 
     def grow(self, grown: list[tuple[nn.Parameter, nn.Parameter, int]]) -> None:
         """After ``Policy.register_agent`` replaced parameters with grown ones (old, new,
