@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SLEEP_ENV = "benchmarks.sleep_env:make"
 
 SLEEP = {
+    "envs_per_runner": 4,
     "env": {"num_envs": 4, "backend": "sync"},
     "rollout": {"num_steps": 64},
     "ppo": {"update_epochs": 4, "num_minibatches": 4, "learning_rate": 3e-4},
