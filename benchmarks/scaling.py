@@ -132,7 +132,7 @@ def _job(
 
 
 def run(job: dict[str, Any], folder: Path) -> dict[str, Any]:
-    spec = {**job, "run_dir": str(folder / job["label"].replace(" ", "_"))}
+    spec = {**job, "run_dir": str(folder / f"{job['case']}_{job['label']}".replace(" ", "_"))}
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
