@@ -8,7 +8,8 @@ distributed path costs on cheap envs.
 Cases, each configuration in a fresh process (start-up is timed from process start):
 
 * ``sleep``: the sleep env (benchmarks/sleep_env.py: about 1 ms of wall time a step, no
-  CPU), synchronous runners 1, 2, 4, 8 and asynchronous runners 4, 8; 4 envs a runner x 64
+  CPU), synchronous runners 1, 2, 4, 8 and asynchronous runners 4, 8 (max_version_lag k
+  and 1; env steps per second count the rows trained on); 4 envs a runner x 64
   steps, PPO 4 epochs x 4 minibatches, 64x64 tanh: the settings of
   ``benchmarks/rllib_sleep.py``. Scaling efficiency SPS(k) / (k x SPS(1)).
 * ``cartpole``: CartPole-v1 with runners 0 (everything in this process) and 2, the same
@@ -105,8 +106,12 @@ def jobs(cases: list[str], runner_counts: list[int]) -> list[dict[str, Any]]:
         for k in runner_counts:
             out.append(_job("sleep", f"sync x{k}", SLEEP_ENV, 10 * 4 * 64 * k, k, SLEEP))
         for k in [k for k in runner_counts if k >= 4]:
-            tail = {**SLEEP, "async_collection": True}
-            out.append(_job("sleep", f"async x{k}", SLEEP_ENV, 10 * 4 * 64 * k, k, tail))
+            # A lag bound of k admits every batch that was in flight while the learner
+            # updated on the others; the default bound (1) drops most of them at k = 8.
+            for lag in (k, 1):
+                tail = {**SLEEP, "async_collection": True, "max_version_lag": lag}
+                label = f"async-lag{lag} x{k}"
+                out.append(_job("sleep", label, SLEEP_ENV, 10 * 4 * 64 * k, k, tail))
     if "cartpole" in cases:
         table = {"env": {"num_envs": 8}, "rollout": {"num_steps": 32}, "target_return": None}
         for k in (0, 2):
