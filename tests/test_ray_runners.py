@@ -205,3 +205,30 @@ def test_runners_are_spread_over_the_nodes_of_a_two_node_cluster(
     finally:
         cluster.shutdown()
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "algo", "table"),
+    [
+        ("CartPole-v1", "trpo", {"env": {"num_envs": 4}}),
+        ("mpe2:simple_spread_v3", "ppo", {"env": {"num_envs": 2}}),
+    ],
+    ids=["trpo", "multiagent"],
+)
+def test_trpo_and_multiagent_ppo_go_through_the_same_runners(
+    env_id: str, algo: str, table: dict[str, Any], tmp_path: Path
+) -> None:
+    envs = table["env"]["num_envs"]
+    overrides = {
+        "quiet": True,
+        "runners": 2,
+        "eval_episodes": 0,
+        "total_steps": 2 * envs * 16,
+        "rollout": {"num_steps": 16},
+        **table,
+    }
+    trainer = Trainer(trustrl.resolve(env_id, algo, overrides=overrides), tmp_path)
+    trainer.train()
+    rows = progress(tmp_path)
+    assert [float(r["env_steps"]) for r in rows] == [envs * 16.0, 2 * envs * 16.0]
+    assert all(r["loss_v"] not in ("", "nan") for r in rows)
