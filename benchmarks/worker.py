@@ -172,7 +172,7 @@ def run_trustrl(job: dict[str, Any]) -> dict[str, Any]:
             timing["collect_time"] += time.perf_counter() - t
             timing["collect_steps"] += steps_per_collect
             timing["iterations"] += 1
-            recent.returns.extend(stats.returns)
+            recent.returns.extend(stats.episodes.returns)  # a RolloutBatch
             if recent.end_of_rollout(timing["collect_steps"]):
                 raise Reached
             return stats

@@ -29,6 +29,7 @@ from trustrl.config import (
 __version__ = "0.1.0"
 
 _LAZY = {
+    "Agent": "trustrl.agent",
     "Trainer": "trustrl.trainer",
     "train": "trustrl.trainer",
     "Policy": "trustrl.policy",

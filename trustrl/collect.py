@@ -345,6 +345,12 @@ class Collector:
         """Nothing beyond the rollout: the collector runs in the learner's process."""
         return {}
 
+    def checkpointed(self, state: dict[str, Any]) -> None:
+        pass  # nothing outside the checkpoint to let go of
+
+    def stop(self) -> None:
+        pass  # a rollout ends by itself
+
     def _inputs(
         self,
         lane: _Lane,

@@ -28,6 +28,7 @@ Algo = Literal["ppo", "trpo"]
 ActorMode = Literal["shared", "per_agent"]
 CriticInput = Literal["global", "agent_state", "agent_centric", "local"]
 NonFinite = Literal["error", "drop"]
+ActionKind = Literal["discrete", "multidiscrete", "box"]
 
 
 class ConfigError(ValueError):
@@ -370,6 +371,58 @@ class MultiAgentConfig:
 
 
 @dataclass(frozen=True)
+class AgentConfig:
+    """External agents (``trustrl serve``, ``trustrl.Agent``): applications that run their own loop and call ``agent.act(obs, reward)``."""
+
+    observation_shape: tuple[int, ...] | None = None
+    """Observation shape for an application with no Gymnasium env (unset: the spaces come from env_id)."""
+    action_kind: ActionKind = "discrete"
+    """With observation_shape: discrete, multidiscrete or box actions."""
+    action_choices: tuple[int, ...] = (2,)
+    """With observation_shape: choices of a discrete action (one number), or of each multidiscrete component."""
+    action_low: tuple[float, ...] = (-1.0,)
+    """With observation_shape and box actions: the lower bounds (one per action dimension; one number: every dimension)."""
+    action_high: tuple[float, ...] = (1.0,)
+    """With observation_shape and box actions: the upper bounds (as action_low; they fix the action's size)."""
+    max_chunk_length: int = 256
+    """An agent ships a long episode in chunks of at most this many steps (bootstrapped at the cut), so the learner is not starved."""
+    queue_size: int = 1000
+    """Finished chunks an agent keeps while the learner is unreachable; past it the oldest are dropped (and counted)."""
+
+    def __post_init__(self) -> None:
+        _check_types(self, "agent.")
+        _check_choice("agent.action_kind", self.action_kind, get_args(ActionKind))
+        if self.observation_shape is not None:
+            _require(
+                len(self.observation_shape) > 0 and all(d >= 1 for d in self.observation_shape),
+                f"agent.observation_shape must be positive sizes, got {list(self.observation_shape)}",
+            )
+        _require(
+            len(self.action_choices) > 0 and all(n >= 1 for n in self.action_choices),
+            f"agent.action_choices must be positive counts, got {list(self.action_choices)}",
+        )
+        _require(
+            self.action_kind != "discrete" or len(self.action_choices) == 1,
+            f"agent.action_choices of discrete actions is one number, got {list(self.action_choices)}",
+        )
+        low, high = self.action_low, self.action_high
+        _require(
+            len(low) in (1, len(high)) and len(high) >= 1,
+            f"agent.action_low has {len(low)} bounds for {len(high)} in agent.action_high; "
+            "give one number or one per dimension",
+        )
+        _require(
+            all(math.isfinite(x) for x in (*low, *high))
+            and all(
+                a < b for a, b in zip(low * len(high) if len(low) == 1 else low, high, strict=True)
+            ),
+            f"agent.action_low {list(low)} must be finite and below agent.action_high {list(high)}",
+        )
+        _check_int("agent.max_chunk_length", self.max_chunk_length, 1)
+        _check_int("agent.queue_size", self.queue_size, 1)
+
+
+@dataclass(frozen=True)
 class Config:
     """One training run."""
 
@@ -417,6 +470,7 @@ class Config:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     trpo: TRPOConfig = field(default_factory=TRPOConfig)
     multiagent: MultiAgentConfig = field(default_factory=MultiAgentConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
     @property
     def num_envs(self) -> int:
@@ -498,12 +552,22 @@ SECTIONS: dict[str, type] = {
     "ppo": PPOConfig,
     "trpo": TRPOConfig,
     "multiagent": MultiAgentConfig,
+    "agent": AgentConfig,
+}
+
+
+_TUPLES = {
+    (PolicyConfig, "hidden_sizes"),
+    *(
+        (AgentConfig, n)
+        for n in ("observation_shape", "action_choices", "action_low", "action_high")
+    ),
 }
 
 
 def _coerce(cls: type, name: str, value: Any) -> Any:
     """TOML has no tuples; hidden sizes arrive as lists."""
-    if cls is PolicyConfig and name == "hidden_sizes" and isinstance(value, list):
+    if isinstance(value, list) and (cls, name) in _TUPLES:
         return tuple(value)
     return value
 

@@ -175,4 +175,11 @@ class Runner(Protocol):
     def metrics(self) -> dict[str, float]:
         """What the runner reports per iteration beside the rollout (restarts, drops)."""
 
+    def checkpointed(self, state: dict[str, Any]) -> None:
+        """A checkpoint holding ``state`` (from ``state_dict``) is on disk."""
+
+    def stop(self) -> None:
+        """Asked from a signal handler: a ``collect`` waiting on something outside the
+        learner (external agents) gives up with ``external.CollectionStopped``."""
+
     def close(self) -> None: ...

@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from trustrl.collect import make_collector
 from trustrl.config import Config, config_from_dict, config_to_dict
 from trustrl.contract import EpisodeStats, PolicySnapshot, RolloutBatch, Runner
 from trustrl.evaluation import EvalResult, evaluate
+from trustrl.external import CollectionStopped
 from trustrl.logging import ProgressBar, ProgressFile, TensorBoardWriter, truncate_progress
 from trustrl.policy import MultiAgentPolicy, Policy
 from trustrl.rollout import Rollout
@@ -156,6 +158,7 @@ class Trainer:
         *,
         overwrite: bool = False,
         trust_env_state: bool = False,
+        runner: Runner | None = None,
     ) -> None:
         _set_aside_from_gc()
         config, note = whole_iterations(config)
@@ -171,9 +174,12 @@ class Trainer:
         threadpool_limits(config.torch_threads, user_api="blas")
         torch.manual_seed(config.seed)
 
-        # Where the envs run: this process, or Ray runners (the same collector in actors).
+        # Where the envs run: this process, or Ray runners (the same collector in actors);
+        # or a runner given by the caller (external agents' chunks, external.py).
         self.collector: Runner = (
-            make_collector(config, config.seed, config.num_envs)
+            runner
+            if runner is not None
+            else make_collector(config, config.seed, config.num_envs)
             if config.runners == 0
             else _ray_runners(config)
         )
@@ -209,6 +215,7 @@ class Trainer:
         self.iteration = 0
         self.version_lag = 0  # of the last batch trained on
         self.env_steps = 0
+        self.batch_steps = 0  # env steps of the last batch collected
         self.wall_time = 0.0
         self.eval_result: EvalResult | None = None
         self.interrupted = False
@@ -253,10 +260,13 @@ class Trainer:
         state = snapshot(self.policy, meta, training, env_state)
         folder, keep = checkpoints / name, self.config.checkpoint_keep
 
+        collector_state = training["collector"]
+
         def write() -> None:
             write_snapshot(folder, state)
             set_latest(checkpoints, name)
             prune(checkpoints, keep)
+            self.collector.checkpointed(collector_state)
 
         self.checkpoint_writer.submit(write)
         if not background:
@@ -331,7 +341,7 @@ class Trainer:
         checkpoint (a later ``Trainer(config, run_dir, resume=True).train()`` continues)."""
         cfg = self.config
         _set_aside_from_gc()
-        pause_at = cfg.num_iterations if iterations is None else self.iteration + iterations
+        pause_at = math.inf if iterations is None else self.iteration + iterations
         resumed = self.iteration > 0
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.config_changes:
@@ -359,21 +369,26 @@ class Trainer:
         self.outcome = "stopped by an error"
         start = time.perf_counter() - self.wall_time
         session_start, session_steps = time.perf_counter(), 0
-        stop = _StopOnInterrupt()
+        stop = _StopOnInterrupt(self.collector.stop)
         try:
-            while self.iteration < cfg.num_iterations:
+            while self.env_steps < cfg.total_steps:
                 if stop.requested or self.iteration >= pause_at:
                     # A Ctrl-C lands between iterations, so the checkpoint is a clean boundary.
                     self.interrupted = stop.requested
                     self.save(f"iter_{self.iteration:08d}")
                     self.outcome = "interrupted" if self.interrupted else "paused"
                     return self.policy
-                progress = self.iteration / cfg.num_iterations
+                progress = self.env_steps / cfg.total_steps
                 iteration_start = time.perf_counter()
                 try:
                     rollouts, episodes = self.collect()
                 except NonFiniteError as exc:
                     raise TrainingError(f"{exc}; {self._last_checkpoint_note()}") from None
+                except CollectionStopped:  # stopped while waiting for external agents
+                    self.interrupted = stop.requested
+                    self.save(f"iter_{self.iteration:08d}")
+                    self.outcome = "interrupted" if self.interrupted else "stopped"
+                    return self.policy
                 update_start = time.perf_counter()
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
@@ -388,8 +403,8 @@ class Trainer:
                 failed = not any(math.isfinite(metrics.get(k, math.nan)) for k in LOSSES)
                 self.failed_updates = self.failed_updates + 1 if failed else 0
                 self.iteration += 1
-                self.env_steps += cfg.batch_size
-                session_steps += cfg.batch_size
+                self.env_steps += self.batch_steps
+                session_steps += self.batch_steps
                 recent = self.recent_returns = (self.recent_returns + episodes.returns)[-20:]
                 recent_mean = float(np.mean(recent)) if recent else None
                 evaluation = self._periodic_eval(recent_mean)
@@ -459,19 +474,21 @@ class Trainer:
         batch = self.collector.collect(self.snapshot())
         lag = self.config.max_version_lag if self.config.async_collection else 0
         self.version_lag = self.iteration - batch.version
+        self.batch_steps = batch.env_steps
         return absorb(self.policies, batch, self.iteration, lag), batch.episodes
 
     def _runner_metrics(self, update_seconds: float, iteration_start: float) -> dict[str, float]:
         """For runs with Ray runners: the runners' own (restarts, dropped batches, idle
         fraction), the version lag of the rows just trained on (one batch: its mean and
         max are the same) and the learner's busy fraction (updating, not waiting)."""
-        if not self.config.runners:
+        reported = self.collector.metrics()
+        if not self.config.runners and not reported:
             return {}
         elapsed = max(time.perf_counter() - iteration_start, 1e-9)
         return {
-            **self.collector.metrics(),
             "version_lag_mean": float(self.version_lag),
             "version_lag_max": float(self.version_lag),
+            **reported,  # a runner that knows its rows' lags (external agents) says so
             "learner_busy": update_seconds / elapsed,
         }
 
@@ -520,10 +537,13 @@ class Trainer:
 
 
 class _StopOnInterrupt:
-    """First Ctrl-C: finish the iteration, checkpoint, return. Second: stop at once."""
+    """First Ctrl-C: finish the iteration, checkpoint, return. Second: stop at once.
+    ``on_request`` runs at the first (a runner's ``stop``: one that waits for external
+    agents stops waiting)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_request: Callable[[], None] | None = None) -> None:
         self.requested = False
+        self.on_request = on_request
         self.previous: Any = None
         if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGINT, self._handle)
@@ -532,6 +552,8 @@ class _StopOnInterrupt:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
+        if self.on_request is not None:
+            self.on_request()
         print("\ninterrupt: checkpointing after this iteration (Ctrl-C again to abort)", flush=True)
 
     def restore(self) -> None:

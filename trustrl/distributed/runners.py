@@ -223,6 +223,12 @@ class RayRunners:
             "runner_idle": idle,
         }
 
+    def checkpointed(self, state: dict[str, Any]) -> None:
+        pass  # the runners' state is in the checkpoint itself
+
+    def stop(self) -> None:
+        pass  # a rollout ends by itself (or at runner_timeout)
+
     def state_dict(self) -> dict[str, Any]:
         states = self.ray.get([actor.state_dict.remote() for actor in self.actors])
         return {"runners": states, "replaced": list(self.replaced), "restarts": self.restarts}

@@ -1,0 +1,447 @@
+"""External agents without Ray: the wire format, packing, the inbox and its spool, the
+agent's checks and chunking, the unreachable learner, and Agent.local training."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import warnings
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import trustrl
+from trustrl.agent import Agent, LinkError, LocalLink
+from trustrl.config import ConfigError
+from trustrl.contract import PolicySnapshot
+from trustrl.external import (
+    Chunk,
+    ChunkError,
+    Inbox,
+    decode_chunk,
+    decode_snapshot,
+    encode_chunk,
+    encode_snapshot,
+    external_groups,
+    learner_info,
+    pack,
+)
+from trustrl.normalize import RunningStats
+from trustrl.policy import Policy
+from trustrl.rollout import Rollout
+from trustrl.rows import AgentGroup
+
+SPACES = {"observation_shape": [3], "action_kind": "discrete", "action_choices": [2]}
+
+
+def config(**overrides: Any) -> trustrl.Config:
+    table = {"quiet": True, "agent": dict(SPACES), "env": {"num_envs": 1}}
+    table["rollout"] = {"num_steps": 16}
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(table.get(key), dict):
+            table[key] = {**table[key], **value}
+        else:
+            table[key] = value
+    return trustrl.resolve("my-app", overrides=table)
+
+
+def group(agents: tuple[str, ...] = ("",)) -> AgentGroup:
+    (only,) = external_groups(config())
+    return AgentGroup("g", agents, only.spec)
+
+
+def chunk(length: int, ending: str = "terminated", seed: int = 0, **fields: Any) -> Chunk:
+    rng = np.random.default_rng(seed)
+    values = {
+        "agent": "",
+        "source": "test",
+        "seq": seed,
+        "version": 0,
+        "ending": ending,
+        "obs": rng.normal(size=(length, 3)).astype(np.float32),
+        "actions": rng.integers(0, 2, size=length),
+        "logprob": rng.normal(size=length).astype(np.float32),
+        "values": rng.normal(size=length + 1).astype(np.float32),
+        "rewards": rng.normal(size=length).astype(np.float32),
+        "action_mask": None,
+        "obs_delta": None,
+        "episode_return": 1.0 if ending != "cut" else None,
+        "episode_length": length if ending != "cut" else None,
+    }
+    values.update(fields)
+    return Chunk(**values)
+
+
+def reference_advantages(c: Chunk, gamma: float, lam: float) -> np.ndarray:
+    """Per chunk, by the definition: A_t = sum_k (gamma lam)^k delta_{t+k}, the bootstrap
+    values[L] (zeroed by termination)."""
+    n = len(c)
+    v = c.values.astype(np.float64)
+    bootstrap = 0.0 if c.ending == "terminated" else v[n]
+    next_v = np.append(v[1:n], bootstrap)
+    delta = c.rewards + gamma * next_v - v[:n]
+    return np.array(
+        [sum((gamma * lam) ** (k - t) * delta[k] for k in range(t, n)) for t in range(n)]
+    )
+
+
+def test_packed_chunks_give_each_chunk_its_own_gae() -> None:
+    chunks = [
+        chunk(7, "terminated", 1),
+        chunk(1, "truncated", 2),
+        chunk(12, "cut", 3),
+        chunk(5, "terminated", 4),
+        chunk(30, "truncated", 5),
+    ]
+    batch = pack(group(), chunks, num_steps=16)
+    assert batch.valid.sum() == sum(len(c) for c in chunks)
+    rollout = Rollout.from_batch(batch)
+    rollout.compute_advantages(0.9, 0.8)
+    advantages, valid = rollout.advantages.numpy(), batch.valid
+    # Each chunk's rows, found by their logprob (distinct random numbers).
+    for c in chunks:
+        rows = np.argwhere(np.isin(batch.logprob, c.logprob) & valid)
+        order = np.argsort([list(c.logprob).index(batch.logprob[t, n]) for t, n in rows])
+        got = np.array([advantages[t, n] for t, n in rows[order]])
+        np.testing.assert_allclose(got, reference_advantages(c, 0.9, 0.8), rtol=1e-5, atol=1e-5)
+
+
+def test_multi_agent_chunks_fill_their_agents_columns() -> None:
+    g = group(("a", "b"))
+    chunks = [chunk(4, seed=1, agent="a"), chunk(6, seed=2, agent="b"), chunk(3, seed=3, agent="b")]
+    batch = pack(g, chunks, num_steps=4)
+    columns = batch.valid.shape[1]
+    assert columns % 2 == 0
+    for c in chunks:
+        _, cols = np.nonzero(np.isin(batch.logprob, c.logprob) & batch.valid)
+        assert set(cols % 2) == {g.agents.index(c.agent)}
+
+
+def test_chunk_round_trip_and_statistics() -> None:
+    stats = RunningStats.of(np.random.default_rng(0).normal(size=(5, 3)))
+    original = chunk(5, "cut", 9, obs_delta=stats, episode_return=None, episode_length=None)
+    where, back = decode_chunk(encode_chunk(original), [group()])
+    assert where == 0 and back.ending == "cut" and back.seq == 9
+    np.testing.assert_array_equal(back.obs, original.obs)
+    np.testing.assert_array_equal(back.values, original.values)
+    assert back.obs_delta is not None and back.obs_delta.count == 5
+    np.testing.assert_allclose(back.obs_delta.m2, stats.m2)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"obs": np.zeros((5, 4), np.float32)},
+            "array 'obs' is float32[5, 4], expected float32[5, 3]",
+        ),
+        ({"values": np.zeros(5, np.float32)}, "array 'values' is float32[5], expected float32[6]"),
+        ({"rewards": np.array([0, 0, np.nan, 0, 0], np.float32)}, "'rewards' holds NaN"),
+        ({"actions": np.array([0, 1, 2, 0, 1])}, "actions outside 0..[1]"),
+        ({"agent": "robot"}, "agent 'robot' is not one of the learner's agents"),
+        ({"ending": "crashed"}, "ending 'crashed'"),
+    ],
+)
+def test_a_chunk_that_does_not_fit_is_refused_naming_the_field(change, message) -> None:
+    with pytest.raises(ChunkError, match=None) as error:
+        decode_chunk(encode_chunk(chunk(5, **change)), [group()])
+    assert message in str(error.value)
+
+
+def test_pickles_and_junk_are_refused_unread() -> None:
+    class Boom:
+        def __reduce__(self):  # would run at unpickling
+            return (exec, ("raise SystemExit('unpickled!')",))
+
+    for data in (pickle.dumps(Boom()), b"\x00" * 12, "text", {"obs": [1, 2]}):
+        with pytest.raises(ChunkError):
+            decode_chunk(data, [group()])
+
+
+def test_snapshot_round_trip_keeps_the_layer_order() -> None:
+    spec = group().spec
+    policy = Policy(spec, trustrl.PolicyConfig(hidden_sizes=(8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8)))
+    snapshot = PolicySnapshot.of([policy], 5)
+    back = decode_snapshot(encode_snapshot(snapshot))
+    assert back.version == 5
+    assert list(back.groups[0].weights) == list(snapshot.groups[0].weights)
+
+
+def test_inbox_spools_before_acknowledging_and_a_new_inbox_finds_what_was_left(
+    tmp_path: Path,
+) -> None:
+    groups = [group()]
+    inbox = Inbox(groups, {}, spool=tmp_path / "inbox")
+    data = [encode_chunk(chunk(3, seed=i)) for i in range(4)]
+    assert inbox.submit(data[0])["retry"]  # no policy published yet
+    inbox.publish(0, b"snapshot")
+    assert all(inbox.submit(d)["ok"] for d in data)
+    assert inbox.submit(data[1])["ok"] and inbox.status()["duplicates"] == 1
+    assert len(list((tmp_path / "inbox").glob("*.chunk"))) == 4
+    assert [seq for seq, _ in inbox.take(0, [10**9])] == [0, 1, 2, 3]
+    inbox.release(1)  # a checkpoint covers chunks 0 and 1
+    again = Inbox(groups, {}, spool=tmp_path / "inbox")
+    assert [seq for seq, _ in again.take(0, [10**9])] == [2, 3]
+    again.publish(0, b"snapshot")
+    assert again.submit(data[3])["ok"] and again.status()["duplicates"] == 1
+    bad = again.submit(encode_chunk(chunk(3, obs=np.zeros((3, 2), np.float32))))
+    assert not bad["ok"] and "expected float32[3, 3]" in bad["error"]
+
+
+@pytest.fixture
+def local(tmp_path: Path):
+    agents: list[Agent] = []
+
+    def make(**overrides: Any) -> Agent:
+        agent = Agent.local(config(**overrides), tmp_path / f"run{len(agents)}", seed=0)
+        agents.append(agent)
+        return agent
+
+    yield make
+    for agent in agents:
+        agent.close(flush_timeout=0)
+
+
+def test_bad_input_gets_a_clear_error(local) -> None:
+    agent = local()
+    with pytest.raises(ValueError, match=r"shape \(4,\); expected shape \(3,\)"):
+        agent.act(np.zeros(4))
+    with pytest.raises(ValueError, match="dtype <U1"):
+        agent.act(np.array(["a", "b", "c"]))
+    with pytest.raises(ValueError, match="NaN or infinite entries at \\[1\\]"):
+        agent.act(np.array([0.0, np.nan, 0.0]))
+    with pytest.raises(ValueError, match="end_episode\\(\\) with no open episode"):
+        agent.end_episode(1.0)
+    with pytest.raises(ValueError, match="first step of an episode"):
+        agent.act(np.zeros(3), reward=1.0)
+    with pytest.raises(ValueError, match="takes no action mask"):
+        agent.act(np.zeros(3), mask=[True, False])
+    agent.act(np.zeros(3))
+    with pytest.raises(ValueError, match="needs the reward of the previous action"):
+        agent.act(np.zeros(3))
+    with pytest.raises(ValueError, match="reward inf is not finite"):
+        agent.act(np.zeros(3), reward=float("inf"))
+    agent.act(np.zeros(3), reward=1.0)  # still usable after the errors
+    agent.end_episode(1.0)
+    assert agent.flush(10) and agent.status()["shipped"] == 1
+
+
+@pytest.mark.filterwarnings("ignore:trustrl agent")  # 30 steps outpace the shipping thread
+def test_masks_are_checked_and_obeyed(tmp_path: Path) -> None:
+
+    spaces = gym.spaces.Dict(
+        {"observation": gym.spaces.Box(-1, 1, (3,)), "action_mask": gym.spaces.MultiBinary(4)}
+    )
+    from trustrl.spaces import SpaceSpec
+
+    spec = SpaceSpec.from_spaces(spaces, gym.spaces.Discrete(4))
+    inbox = Inbox([AgentGroup("g", ("",), spec)], _info(spec))
+    policy = Policy(spec, trustrl.PolicyConfig())
+    inbox.publish(0, encode_snapshot(PolicySnapshot.of([policy], 0)))
+    agent = Agent(LocalLink(inbox), seed=0)
+    try:
+        with pytest.raises(ValueError, match="mask allows no action"):
+            agent.act(np.zeros(3), mask=[False] * 4)
+        with pytest.raises(ValueError, match=r"mask of shape \(2,\); expected \(4,\)"):
+            agent.act(np.zeros(3), mask=[True, True])
+        actions = {agent.act(np.zeros(3), mask=[False, False, True, False])}
+        for _ in range(30):
+            actions.add(agent.act(np.zeros(3), reward=0.0, mask=[False, False, True, False]))
+        assert actions == {2}
+    finally:
+        agent.close(flush_timeout=0)
+
+
+def _info(spec: Any) -> dict[str, Any]:
+    return {
+        "groups": [{"name": "g", "agents": [""], "spec": spec.to_json()}],
+        "gamma": 0.99,
+        "normalize_reward": False,
+        "reward_clip": 10.0,
+        "max_chunk_length": 5,
+        "queue_size": 3,
+        "env_id": "test",
+    }
+
+
+class FlakyLink:
+    """An inbox behind a switch: while ``down``, every call fails as an unreachable
+    learner's would."""
+
+    def __init__(self, inbox: Inbox) -> None:
+        self.inbox, self.down = inbox, False
+
+    def _check(self) -> None:
+        if self.down:
+            raise LinkError("down")
+
+    def info(self) -> dict[str, Any]:
+        return self.inbox.info()
+
+    def submit(self, data: bytes) -> dict[str, Any]:
+        self._check()
+        return self.inbox.submit(data)
+
+    def latest(self, have: int) -> dict[str, Any]:
+        self._check()
+        return self.inbox.latest(have)
+
+    def close(self) -> None:
+        pass
+
+
+def test_long_episodes_are_cut_into_chunks_bootstrapped_at_the_cut() -> None:
+    spec = group().spec
+    inbox = Inbox([AgentGroup("g", ("",), spec)], _info(spec))
+    policy = Policy(spec, trustrl.PolicyConfig())
+    inbox.publish(0, encode_snapshot(PolicySnapshot.of([policy], 0)))
+    agent = Agent(LocalLink(inbox), seed=0)  # chunks of 5 steps
+    observations = np.random.default_rng(0).normal(size=(12, 3))
+    agent.act(observations[0])
+    for obs in observations[1:]:
+        agent.act(obs, reward=1.0)
+    agent.end_episode(1.0)
+    assert agent.flush(10)
+    agent.close()
+    chunks = [decode_chunk(data, inbox.groups)[1] for _, data in inbox.take(0, [10**9])]
+    assert [(len(c), c.ending) for c in chunks] == [(5, "cut"), (5, "cut"), (2, "terminated")]
+    value = policy.value(observations[[5, 10]])  # the torch policy, raw observations
+    np.testing.assert_allclose([chunks[0].values[-1], chunks[1].values[-1]], value, rtol=1e-5)
+    assert chunks[2].values[-1] == 0.0
+    assert chunks[2].episode_return == 12.0 and chunks[2].episode_length == 12
+    assert chunks[0].episode_return is None
+
+
+def test_an_unreachable_learner_is_queued_for_and_drained_when_back() -> None:
+    spec = group().spec
+    inbox = Inbox([AgentGroup("g", ("",), spec)], _info(spec))  # queue of 3 chunks
+    policy = Policy(spec, trustrl.PolicyConfig())
+    inbox.publish(0, encode_snapshot(PolicySnapshot.of([policy], 0)))
+    link = FlakyLink(inbox)
+    agent = Agent(link, seed=0)
+    try:
+        link.down = True
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for episode in range(5):  # keeps acting while the learner is away
+                agent.act(np.zeros(3))
+                agent.end_episode(float(episode))
+        assert any("dropping the oldest" in str(w.message) for w in caught)
+        status = agent.status()
+        assert status["queued"] == 3 and status["dropped"] == 2
+        assert not agent.flush(0.3) and not agent.status()["connected"]
+        link.down = False
+        assert agent.flush(15)
+        assert agent.status()["shipped"] == 3 and agent.status()["connected"]
+        returns = [
+            decode_chunk(d, inbox.groups)[1].episode_return for _, d in inbox.take(0, [10**9])
+        ]
+        assert returns == [2.0, 3.0, 4.0]  # the newest kept, in order
+    finally:
+        agent.close(flush_timeout=0)
+
+
+def test_agent_local_trains_cartpole_from_a_hand_written_loop(tmp_path: Path) -> None:
+    cfg = trustrl.resolve("CartPole-v1", overrides={"quiet": True, "seed": 3})
+    agent = Agent.local(cfg, tmp_path / "run", seed=3)
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=3)
+    action = agent.act(obs)
+    steps = 0
+    while not agent.status()["finished"] and steps < 200_000:
+        obs, reward, terminated, truncated, _ = env.step(action)
+        steps += 1
+        if terminated or truncated:
+            agent.end_episode(float(reward), truncated=truncated and not terminated)
+            obs, _ = env.reset()
+            action = agent.act(obs)
+        else:
+            action = agent.act(obs, reward=float(reward))
+    trainer = agent.learner
+    agent.close()
+    assert trainer.outcome.startswith("solved"), trainer.outcome
+    assert trainer.eval_result is not None and trainer.eval_result.mean_return >= 475
+    assert (tmp_path / "run" / "checkpoints" / "final").is_dir()
+    assert (tmp_path / "run" / "progress.csv").is_file()
+
+
+def test_agent_local_with_spaces_from_the_config_trains_trpo_and_resumes(tmp_path: Path) -> None:
+    cfg = config(algo="trpo", total_steps=96, checkpoint_every=2)
+    assert cfg.agent.observation_shape == (3,)
+    agent = Agent.local(cfg, tmp_path / "run", seed=0)
+    rng = np.random.default_rng(0)
+    while not agent.status()["finished"]:
+        obs = rng.normal(size=3)
+        action = agent.act(obs)
+        for _ in range(int(rng.integers(1, 9))):  # the reward: 1 for action 1
+            action = agent.act(rng.normal(size=3), reward=float(action == 1))
+        agent.end_episode(float(action == 1))
+    trainer = agent.learner
+    agent.close()
+    assert trainer.outcome == "finished" and trainer.env_steps >= 96
+    assert trainer.eval_result is None  # no env to evaluate on
+    more = dataclasses.replace(cfg, total_steps=200)
+    resumed = trustrl.Trainer(more, tmp_path / "run", resume=True, runner=_runner(more))
+    assert resumed.iteration == trainer.iteration and resumed.env_steps == trainer.env_steps
+
+
+def _runner(cfg: trustrl.Config) -> Any:
+    from trustrl.external import ExternalRunner
+
+    groups = external_groups(cfg)
+    return ExternalRunner(cfg, groups, Inbox(groups, learner_info(cfg, groups)))
+
+
+def test_a_global_state_critic_is_refused_for_external_agents() -> None:
+    cfg = trustrl.resolve("mpe2:simple_spread_v3", overrides={"quiet": True})
+    if cfg.multiagent.critic_input == "local":
+        cfg = trustrl.resolve(
+            "mpe2:simple_spread_v3", overrides={"multiagent": {"critic_input": "global"}}
+        )
+    with pytest.raises(ConfigError, match=r"multiagent\.critic_input = 'local'"):
+        external_groups(cfg)
+
+
+def test_multi_agent_ppo_trains_one_agent_per_actor_id(tmp_path: Path) -> None:
+    from mpe2 import simple_spread_v3
+
+    cfg = trustrl.resolve(
+        "mpe2:simple_spread_v3",
+        overrides={
+            "quiet": True,
+            "total_steps": 200,
+            "eval_episodes": 0,
+            "env": {"num_envs": 1},
+            "rollout": {"num_steps": 50},
+            "multiagent": {"critic_input": "local"},
+        },
+    )
+    env = simple_spread_v3.parallel_env(max_cycles=25, continuous_actions=False)
+    first = Agent.local(cfg, tmp_path / "run", agent=env.possible_agents[0], seed=0)
+    agents = {env.possible_agents[0]: first}
+    for i, name in enumerate(env.possible_agents[1:], 1):
+        agents[name] = first.sibling(name, seed=i)
+    observations, _ = env.reset(seed=0)
+    actions = {name: agents[name].act(obs) for name, obs in observations.items()}
+    while not first.status()["finished"]:
+        observations, rewards, terminations, truncations, _ = env.step(actions)
+        if all(terminations.values()) or all(truncations.values()):
+            for name, agent in agents.items():
+                agent.end_episode(rewards[name], truncated=not terminations[name])
+            observations, _ = env.reset()
+            actions = {name: agents[name].act(obs) for name, obs in observations.items()}
+        else:
+            actions = {
+                name: agents[name].act(obs, reward=rewards[name])
+                for name, obs in observations.items()
+            }
+    trainer = first.learner
+    for agent in agents.values():
+        agent.close()
+    assert trainer.outcome == "finished" and trainer.iteration == 4
+    rows = (tmp_path / "run" / "progress.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    assert all(f"{name}/episode_return" in header for name in env.possible_agents)
