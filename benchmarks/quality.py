@@ -466,19 +466,19 @@ def time_to(evals: list[list[float]], threshold: float) -> float | None:
     return next((seconds for _, seconds, value in evals if value >= threshold), None)
 
 
+def cell_order(algo: str, env_id: str, budget: int) -> tuple[int, str, int, int]:
+    rank = ENVS.index(env_id) if env_id in ENVS else len(ENVS)
+    return (rank, env_id, ALGOS.index(algo) if algo in ALGOS else 9, budget)
+
+
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     cells: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for record in records:
         job = record["job"]
         cells.setdefault((job["algo"], job["env_id"], record["budget"]), []).append(record)
 
-    def order(key: tuple[str, str, int]) -> tuple[int, str, int, int]:
-        algo, env_id, budget = key
-        rank = ENVS.index(env_id) if env_id in ENVS else len(ENVS)
-        return (rank, env_id, ALGOS.index(algo) if algo in ALGOS else 9, budget)
-
     out = []
-    for key in sorted(cells, key=order):
+    for key in sorted(cells, key=lambda key: cell_order(*key)):
         algo, env_id, budget = key
         runs = sorted(cells[key], key=lambda r: r["job"]["seed"])
         scores = [r["final_eval"]["mean_return"] for r in runs]
@@ -575,7 +575,7 @@ def render(
     multi: list[dict[str, Any]],
     refs: dict[str, Any],
     seeds: list[int],
-    plots: dict[str, str],
+    plots: dict[str, tuple[str, str]],
     machine: dict[str, Any],
 ) -> str:
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -607,6 +607,19 @@ def render(
             if any(cell["algo"] == SB3 for cell in cells)
             else ""
         ),
+        *(
+            [
+                "",
+                "†: measured in an earlier sitting (commit "
+                + ", ".join(
+                    sorted({c for cell in cells if cell.get("carried") for c in cell["commits"]})
+                )
+                + "), whose run folders are not on this machine: carried over from "
+                "docs/quality.json as measured, with the curves drawn then.",
+            ]
+            if any(cell.get("carried") for cell in cells)
+            else []
+        ),
         "",
         "| algo | env | env steps | mean over seeds | each seed | IQM [95% CI] | wall time / run "
         "| published at 1M (source) | target | met |",
@@ -634,8 +647,9 @@ def render(
             if steps != [cell["budget"]]
             else ""
         )
+        mark = " †" if cell.get("carried") else ""
         lines.append(
-            f"| {cell['algo']} | {cell['env_id']} | {step_text} | **{fmt(cell['mean'])}** | "
+            f"| {cell['algo']}{mark} | {cell['env_id']} | {step_text} | **{fmt(cell['mean'])}** | "
             f"{each} | {fmt(cell['iqm'])} [{fmt(cell['low'])}, {fmt(cell['high'])}] | "
             f"{minutes(float(np.mean(cell['wall_s'])))} | {published or '-'} | "
             f"{'-' if target is None else f'{target:,.0f}'} | {met} |"
@@ -724,18 +738,29 @@ def render(
     return "\n".join(lines)
 
 
-def draw_plots(cells: list[dict[str, Any]], folder: Path, doc: Path) -> dict[str, tuple[str, str]]:
+def draw_plots(
+    cells: list[dict[str, Any]],
+    folder: Path,
+    doc: Path,
+    keep: frozenset[str] | set[str] = frozenset(),
+) -> dict[str, tuple[str, str]]:
     """One image per env (every trustrl algorithm's curve): its path relative to the doc,
-    and the ``trustrl plot`` command that draws it."""
+    and the ``trustrl plot`` command that draws it. An env in ``keep`` keeps its image
+    (of carried-over cells); the new curves get one of their own, named by algorithm."""
     from trustrl.plot import PlotError, plot
 
     by_env: dict[str, list[str]] = {}
+    algos: dict[str, list[str]] = {}
     for cell in cells:
         if cell["algo"] != SB3:  # the peer writes no progress file
             by_env.setdefault(cell["env_id"], []).extend(cell["run_dirs"])
+            algos.setdefault(cell["env_id"], []).append(cell["algo"])
     images = {}
     for env_id, run_dirs in by_env.items():
-        out = folder / f"{env_id.replace(':', '_')}.png"
+        name = env_id.replace(":", "_")
+        if env_id in keep:
+            name += "__" + "+".join(algos[env_id])
+        out = folder / f"{name}.png"
         title = f"{env_id}: mean over seeds, shaded 95% bootstrap interval"
         try:
             plot([ROOT / d for d in run_dirs], out, title=title, smooth=SMOOTH)
@@ -743,7 +768,8 @@ def draw_plots(cells: list[dict[str, Any]], folder: Path, doc: Path) -> dict[str
             print(f"no curve for {env_id}: {exc}")
             continue
         command = f"trustrl plot {' '.join(run_dirs)} --smooth {SMOOTH} --out {relative(out)}"
-        images[env_id] = (os.path.relpath(out, doc.parent), command)
+        label = env_id if env_id not in keep else f"{env_id} ({', '.join(algos[env_id])})"
+        images[label] = (os.path.relpath(out, doc.parent), command)
     return images
 
 
@@ -760,12 +786,40 @@ def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "processor": processor, "platform": platform.platform()}
 
 
+def carried_cells(
+    json_path: Path, cells: list[dict[str, Any]], seeds: list[int]
+) -> list[dict[str, Any]]:
+    """The cells of the report already written whose runs are not under this run root (a
+    machine that lost its run folders keeps their measurements), marked ``carried``; a
+    cell measured now replaces its old one."""
+    if not json_path.is_file():
+        return []
+    fresh = {(c["algo"], c["env_id"], c["budget"]) for c in cells}
+    old = json.loads(json_path.read_text()).get("cells", [])
+    return [
+        {**c, "carried": True}
+        for c in old
+        if (c["algo"], c["env_id"], c["budget"]) not in fresh and c["seeds"] == seeds
+    ]
+
+
 def report(args: argparse.Namespace) -> None:
     records = finished_runs(args.run_root, args.seeds)
     cells = summarize(records)
+    carried = carried_cells(args.doc.with_suffix(".json"), cells, args.seeds)
+    keep = {c["env_id"] for c in carried}  # their images stay; new curves go beside them
+    plots = draw_plots(cells, args.plots, args.doc, keep) if args.plots and cells else {}
+    for cell in carried:  # their curves were drawn then, from the same runs
+        image = args.plots / f"{cell['env_id'].replace(':', '_')}.png" if args.plots else None
+        if image is not None and image.is_file() and cell["env_id"] not in plots:
+            command = (
+                f"trustrl plot {' '.join(cell['run_dirs'])} --smooth {SMOOTH} --out "
+                f"{relative(image)}"
+            )
+            plots[cell["env_id"]] = (os.path.relpath(image, args.doc.parent), command)
+    cells = sorted(cells + carried, key=lambda c: cell_order(c["algo"], c["env_id"], c["budget"]))
     multi = multiagent_rows(args.multiagent) if args.multiagent else []
     refs = reference_scores(args.multiagent) if args.multiagent else {}
-    plots = draw_plots(cells, args.plots, args.doc) if args.plots and cells else {}
     info = machine()
     args.doc.parent.mkdir(parents=True, exist_ok=True)
     args.doc.write_text(render(cells, multi, refs, args.seeds, plots, info) + "\n")

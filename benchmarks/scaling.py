@@ -8,13 +8,15 @@ distributed path costs on cheap envs.
 Cases, each configuration in a fresh process (start-up is timed from process start):
 
 * ``sleep``: the sleep env (benchmarks/sleep_env.py: about 1 ms of wall time a step, no
-  CPU), synchronous runners 1, 2, 4, 8 and asynchronous runners 4, 8 (max_version_lag k
-  and 1; env steps per second count the rows trained on); 4 envs a runner x 64
-  steps, PPO 4 epochs x 4 minibatches, 64x64 tanh: the settings of
+  CPU), synchronous runners 1, 2, 4, 8 and asynchronous runners 4, 8 (the default, a
+  rollout per runner joined for each update, lag bound 1; and ``async-each``, one
+  rollout per update, lag bound k; env steps per second count the rows trained on); 4
+  envs a runner x 64 steps, PPO 4 epochs x 4 minibatches, 64x64 tanh: the settings of
   ``benchmarks/rllib_sleep.py``. Scaling efficiency SPS(k) / (k x SPS(1)).
 * ``cartpole``: CartPole-v1 with runners 0 (everything in this process) and 2, the same
   8 envs x 32 steps: the distributed path's overhead on an env that costs nothing.
-* ``hopper``: Hopper-v5 with runners 0 and 2, 2 envs x 1024 steps.
+* ``hopper``: Hopper-v5 with runners 0 and 2 (synchronous, and asynchronous: collection
+  overlapping the update), 2 envs x 1024 steps.
 * ``learn``: CartPole-v1's preset to a deterministic evaluation of 475, synchronous and
   asynchronous with 2 runners: env steps and wall time.
 
@@ -106,12 +108,14 @@ def jobs(cases: list[str], runner_counts: list[int]) -> list[dict[str, Any]]:
         for k in runner_counts:
             out.append(_job("sleep", f"sync x{k}", SLEEP_ENV, 10 * 4 * 64 * k, k, SLEEP))
         for k in [k for k in runner_counts if k >= 4]:
-            # A lag bound of k admits every batch that was in flight while the learner
-            # updated on the others; the default bound (1) drops most of them at k = 8.
-            for lag in (k, 1):
-                tail = {**SLEEP, "async_collection": True, "max_version_lag": lag}
-                label = f"async-lag{lag} x{k}"
-                out.append(_job("sleep", label, SLEEP_ENV, 10 * 4 * 64 * k, k, tail))
+            # The default: an update joins one rollout per runner (the synchronous batch
+            # size) while the runners collect the next; lag bound 1.
+            tail = {**SLEEP, "async_collection": True}
+            out.append(_job("sleep", f"async x{k}", SLEEP_ENV, 10 * 4 * 64 * k, k, tail))
+            # One runner's rollout per update, lag bound k (every batch that was in flight
+            # while the learner updated on the others): k times the updates.
+            tail = {**tail, "async_batches": 1, "max_version_lag": k}
+            out.append(_job("sleep", f"async-each x{k}", SLEEP_ENV, 10 * 4 * 64 * k, k, tail))
     if "cartpole" in cases:
         table = {"env": {"num_envs": 8}, "rollout": {"num_steps": 32}, "target_return": None}
         for k in (0, 2):
@@ -120,6 +124,9 @@ def jobs(cases: list[str], runner_counts: list[int]) -> list[dict[str, Any]]:
         table = {"env": {"num_envs": 2}, "rollout": {"num_steps": 1024}}
         for k in (0, 2):
             out.append(_job("hopper", f"runners {k}", "Hopper-v5", 20_480, k, table))
+        # Collection overlapping the update: the same batch, of a version at most 1 behind.
+        asynchronous = {**table, "async_collection": True}
+        out.append(_job("hopper", "runners 2, async", "Hopper-v5", 20_480, 2, asynchronous))
     if "learn" in cases:
         for mode in ("sync", "async"):
             table = {"async_collection": mode == "async", "eval_every": 1}
@@ -216,8 +223,8 @@ def report(results: list[dict[str, Any]], peers: list[dict[str, Any]], commit: s
             lines += ["| --- | --- | --- | --- |"]
             for r in rows:
                 lines.append(
-                    f"| {r['label'].split()[-1]} | {r['sps']:,.0f} | {r['sps'] / base:.2f}x |"
-                    f" {r['startup_s']:.1f} |"
+                    f"| {r['label'].removeprefix('runners ')} | {r['sps']:,.0f} |"
+                    f" {r['sps'] / base:.2f}x | {r['startup_s']:.1f} |"
                 )
             lines.append("")
     learn = [r for r in results if r["case"] == "learn"]

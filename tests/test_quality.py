@@ -116,3 +116,34 @@ def test_report_writes_the_table_from_finished_runs(
     assert cell["iqm"] == pytest.approx(2500.0)  # 3 seeds: IQM trims none
     assert 2000.0 <= cell["low"] < 2500.0 < cell["high"] <= 3000.0
     assert cell["time_to_zoo_s"] == [600.0, None, 900.0]
+
+
+def test_cells_whose_runs_are_gone_are_carried_over_and_new_ones_replace_theirs(
+    quality, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(quality, "BOOTSTRAP_REPS", 200)
+    doc, plots = tmp_path / "docs" / "quality.md", tmp_path / "docs" / "quality"
+    first = tmp_path / "first"
+    for seed in quality.SEEDS:
+        finish(quality, first, "ppo", "Hopper-v5", seed, 2000.0)
+        finish(quality, first, "ppo", "Walker2d-v5", seed, 1000.0)
+    argv = ["--report-only", "--doc", str(doc), "--plots", str(plots)]
+    assert quality.main([*argv, "--run-root", str(first)]) == 0
+    # A new machine: the first runs are gone; TRPO Hopper and a new PPO Walker2d are measured.
+    second = tmp_path / "second"
+    for seed in quality.SEEDS:
+        finish(quality, second, "trpo", "Hopper-v5", seed, 3000.0)
+        finish(quality, second, "ppo", "Walker2d-v5", seed, 4000.0)
+    assert quality.main([*argv, "--run-root", str(second)]) == 0
+    text = doc.read_text()
+    assert "| ppo † | Hopper-v5 |" in text and "| trpo | Hopper-v5 |" in text
+    assert "| ppo | Walker2d-v5 | 999,936 | **4,000.0** |" in text  # replaced, not carried
+    assert "1,000.0" not in text
+    assert "![Hopper-v5](quality/Hopper-v5.png)" in text  # the carried cell's curve, kept
+    assert "![Hopper-v5 (trpo)](quality/Hopper-v5__trpo.png)" in text
+    data = json.loads(doc.with_suffix(".json").read_text())
+    assert [(c["algo"], c["env_id"], c.get("carried", False)) for c in data["cells"]] == [
+        ("ppo", "Hopper-v5", True),
+        ("trpo", "Hopper-v5", False),
+        ("ppo", "Walker2d-v5", False),
+    ]

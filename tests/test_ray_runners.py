@@ -147,10 +147,10 @@ def test_resume_with_runners_continues_the_run(tmp_path: Path) -> None:
 def test_asynchronous_collection_trains_on_fresh_batches_and_drops_stale_ones(
     tmp_path: Path,
 ) -> None:
-    """Each update takes one runner's batch as it arrives; with max_version_lag = 0 a
-    batch of an older policy is dropped (the other runner's first batch at least), and
-    every trained row came from the current policy."""
-    cfg = config(3, async_collection=True, max_version_lag=0)  # 3 x 4 envs x 32 steps
+    """With async_batches = 1 each update takes one runner's batch as it arrives; with
+    max_version_lag = 0 a batch of an older policy is dropped (the other runner's first
+    batch at least), and every trained row came from the current policy."""
+    cfg = config(3, async_collection=True, max_version_lag=0, async_batches=1)
     assert cfg.batch_size == 2 * STEPS  # one runner's envs
     policy = Trainer(cfg, tmp_path / "lag0").train()
     rows = progress(tmp_path / "lag0")
@@ -164,9 +164,22 @@ def test_asynchronous_collection_trains_on_fresh_batches_and_drops_stale_ones(
     assert isinstance(policy, trustrl.Policy) and policy.obs_normalizer is not None
     assert policy.obs_normalizer.count.item() == 6 * 2 * STEPS
 
-    Trainer(config(3, async_collection=True, max_version_lag=1), tmp_path / "lag1").train()
+    Trainer(
+        config(3, async_collection=True, max_version_lag=1, async_batches=1), tmp_path / "lag1"
+    ).train()
     rows = progress(tmp_path / "lag1")
     assert len(rows) == 6 and max(float(r["version_lag_max"]) for r in rows) <= 1.0
+
+    # The default: a batch per runner, so an update trains on as many rows as a synchronous
+    # one, of versions at most one behind.
+    cfg = config(4, async_collection=True)
+    assert cfg.rollouts_per_update == 2 and cfg.batch_size == 4 * STEPS
+    policy = Trainer(cfg, tmp_path / "joined").train()
+    rows = progress(tmp_path / "joined")
+    assert [float(r["env_steps"]) for r in rows] == [128.0 * i for i in range(1, 5)]
+    assert max(float(r["version_lag_max"]) for r in rows) <= 1.0
+    assert policy.obs_normalizer is not None
+    assert policy.obs_normalizer.count.item() == 4 * 4 * STEPS
 
 
 def test_runners_are_spread_over_the_nodes_of_a_two_node_cluster(

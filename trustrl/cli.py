@@ -74,15 +74,15 @@ def _split_train_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return known, rest
 
 
-def _tyro_config(base: Config, args: list[str], description: str = TRAIN_USAGE) -> Config:
+def _tyro_config(
+    base: Config, args: list[str], description: str = TRAIN_USAGE, prog: str = "trustrl train"
+) -> Config:
     import tyro
 
     # tyro warns about defaults it finds odd; every value here was checked by Config.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return tyro.cli(
-            Config, default=base, args=args, prog="trustrl train", description=description
-        )
+        return tyro.cli(Config, default=base, args=args, prog=prog, description=description)
 
 
 def parse_train(argv: list[str]) -> tuple[argparse.Namespace, Config]:
@@ -175,7 +175,7 @@ def cmd_serve(argv: list[str]) -> int:
     named, argv = parser.parse_known_args(argv)
     known, rest = _split_train_args(argv)
     if any(a in ("-h", "--help") for a in rest):
-        _tyro_config(Config(), ["--help"], SERVE_USAGE)
+        _tyro_config(Config(), ["--help"], SERVE_USAGE, "trustrl serve")
         return 0
     if known.trust_env_state:
         raise UsageError("--trust-env-state: a learner of external agents keeps no env state")
@@ -185,7 +185,8 @@ def cmd_serve(argv: list[str]) -> int:
             raise UsageError(
                 f"--resume {run_dir}: no config.toml there; is it a trustrl run folder?"
             )
-        config = _tyro_config(config_from_dict(read_toml(run_dir / "config.toml")), rest)
+        base = config_from_dict(read_toml(run_dir / "config.toml"))
+        config = _tyro_config(base, rest, SERVE_USAGE, "trustrl serve")
     else:
         env_id = known.env_id or named.name
         if known.env_id is not None:
@@ -193,7 +194,7 @@ def cmd_serve(argv: list[str]) -> int:
 
             check_env_id(known.env_id)
         base = resolve(env_id, known.algo, known.config, preset=known.preset)
-        config = _tyro_config(base, rest, SERVE_USAGE)
+        config = _tyro_config(base, rest, SERVE_USAGE, "trustrl serve")
         if known.env_id is None and config.agent.observation_shape is None:
             raise UsageError(
                 "trustrl serve needs ENV_ID, or the spaces in the config's [agent] table "

@@ -464,6 +464,8 @@ class Config:
     """Runners keep collecting with the newest snapshot they have while the learner updates on each runner's batch as it arrives (needs runners > 0; not reproducible run to run)."""
     max_version_lag: int = 1
     """Asynchronous collection: a batch collected by a policy more than this many updates old is dropped, not trained on."""
+    async_batches: int | None = None
+    """Asynchronous collection: runner rollouts per update, the first that arrive from any runners (unset: one per runner, so an update trains on as many rows as a synchronous one while the runners already collect the next)."""
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -486,10 +488,16 @@ class Config:
 
     @property
     def batch_size(self) -> int:
-        """Rows of one update: every env's rollout, or with asynchronous collection one
-        runner's."""
-        envs = self.runner_envs if self.async_collection else self.num_envs
-        return envs * self.rollout.num_steps
+        """Rows of one update: every env's rollout, or with asynchronous collection
+        ``rollouts_per_update`` runners' rollouts."""
+        if self.async_collection:
+            return self.runner_envs * self.rollouts_per_update * self.rollout.num_steps
+        return self.num_envs * self.rollout.num_steps
+
+    @property
+    def rollouts_per_update(self) -> int:
+        """Asynchronous collection: runner rollouts joined for one update."""
+        return self.async_batches or self.runners
 
     @property
     def num_iterations(self) -> int:
@@ -523,6 +531,8 @@ class Config:
         _check_positive("runner_timeout", self.runner_timeout)
         _check_int("runner_failures", self.runner_failures, 1)
         _check_int("max_version_lag", self.max_version_lag, 0)
+        if self.async_batches is not None:
+            _check_int("async_batches", self.async_batches, 1)
         _require(
             not self.async_collection or self.runners > 0,
             "async_collection needs runners > 0 (the embedded default collects in step with "

@@ -125,14 +125,15 @@ class RolloutBatch:
     seconds: float = 0.0  # the runner's wall time collecting it
 
 
-def join(batches: Sequence[RolloutBatch]) -> RolloutBatch:
+def join(batches: Sequence[RolloutBatch], mixed: bool = False) -> RolloutBatch:
     """Several runners' batches of one version as one: rows side by side (runner by
     runner, so each runner's (env, agent) rows keep their agent order), statistics
-    merged, episodes in runner order."""
+    merged, episodes in runner order. With ``mixed`` (asynchronous collection) the
+    versions may differ; the joined batch carries the oldest."""
     if len(batches) == 1:
         return batches[0]
     versions = {b.version for b in batches}
-    if len(versions) != 1:
+    if len(versions) != 1 and not mixed:
         raise ValueError(f"cannot join batches of different policy versions {sorted(versions)}")
     episodes = EpisodeStats()
     for b in batches:
@@ -154,7 +155,7 @@ def join(batches: Sequence[RolloutBatch]) -> RolloutBatch:
     return RolloutBatch(
         tuple(groups),
         episodes,
-        batches[0].version,
+        min(versions),
         "+".join(b.runner for b in batches),
         sum(b.env_steps for b in batches),
         max(b.seconds for b in batches),

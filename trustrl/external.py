@@ -71,6 +71,10 @@ class ChunkError(ValueError):
     """A chunk that does not fit the learner's spaces; the message says what and where."""
 
 
+class LinkError(ConnectionError):
+    """An agent could not reach its learner (it queues and retries)."""
+
+
 class CollectionStopped(Exception):
     """The learner was asked to stop while it waited for chunks."""
 
@@ -376,13 +380,15 @@ class Inbox:
         self.max_length = max_length
         self.spool = Path(spool) if spool is not None else None
         self.condition = threading.Condition()
-        # (inbox seq, group, steps, chunk bytes), in arrival order
-        self.queue: deque[tuple[int, int, int, bytes]] = deque()
+        # (inbox seq, group, steps, policy version, chunk bytes), in arrival order
+        self.queue: deque[tuple[int, int, int, int, bytes]] = deque()
         self.seen: set[tuple[str, int]] = set()  # (source, seq) of chunks accepted
         self.next_seq = 0
         self.snapshot: tuple[int, bytes] | None = None
         self.finished = False
         self.received = self.rejected = self.duplicates = 0
+        self.arrivals = 0  # chunks queued so far (spooled ones included)
+        self.taken_upto = 0  # arrivals the learner had taken when it last waited for more
         self.last_error = ""
         if self.spool is not None and self.spool.is_dir():
             for path in sorted(self.spool.glob("*.chunk")):
@@ -392,7 +398,7 @@ class Inbox:
                     where, chunk = decode_chunk(data, self.groups, max_length)
                 except ChunkError:
                     continue  # written by this inbox, so checked; a damaged file is skipped
-                self.queue.append((seq, where, len(chunk), data))
+                self.queue.append((seq, where, len(chunk), chunk.version, data))
                 self.seen.add((chunk.source, chunk.seq))
                 self.next_seq = max(self.next_seq, seq + 1)
 
@@ -426,10 +432,15 @@ class Inbox:
             if self.spool is not None:
                 _write_spool(self.spool, seq, data)
             self.seen.add(key)
-            self.queue.append((seq, where, len(chunk), data))
+            self.queue.append((seq, where, len(chunk), chunk.version, data))
             self.received += 1
+            self.arrivals += 1
             self.condition.notify_all()
             return {"ok": True, "version": self.snapshot[0], "finished": self.finished}
+
+    def submit_many(self, chunks: list[bytes]) -> list[dict[str, Any]]:
+        """``submit`` for each, in order."""
+        return [self.submit(data) for data in chunks]
 
     def latest(self, have: int) -> dict[str, Any]:
         """The newest version, its snapshot's bytes if it is newer than version ``have``
@@ -461,20 +472,31 @@ class Inbox:
             self.snapshot = (version, data)
             self.condition.notify_all()
 
-    def take(self, timeout: float, needs: Sequence[int]) -> list[tuple[int, bytes]]:
-        """(seq, bytes) of the oldest chunks, in order, until every group ``g`` has
-        ``needs[g]`` more steps (or the queue is empty), waiting up to ``timeout`` seconds
-        for one to arrive; the rest stay queued for the next batch."""
+    def take(
+        self, timeout: float, needs: Sequence[int], version: int, max_lag: int
+    ) -> dict[str, Any]:
+        """The oldest chunks, in order, until every group ``g`` has ``needs[g]`` more
+        steps (or the queue is empty), waiting up to ``timeout`` seconds for one to
+        arrive; the rest stay queued for the next batch. Chunks of a version more than
+        ``max_lag`` from the learner's ``version`` are drained on the way, not sent (a
+        backlog costs no transfer). Returns ``chunks`` ((seq, bytes) each), ``drained``
+        (how many were) and ``last`` (the highest seq taken or drained, -1 for none)."""
         with self.condition:
             if not self.queue:
+                self.taken_upto = self.arrivals  # everything delivered is in hand
+                self.condition.notify_all()
                 self.condition.wait(timeout)
             needs = list(needs)
-            taken = []
+            taken, drained, last = [], 0, -1
             while self.queue and any(n > 0 for n in needs):
-                seq, where, steps, data = self.queue.popleft()
+                seq, where, steps, acted, data = self.queue.popleft()
+                last = max(last, seq)
+                if abs(version - acted) > max_lag:
+                    drained += 1  # too stale, or of a version lost to a resume
+                    continue
                 needs[where] -= steps
                 taken.append((seq, data))
-            return taken
+            return {"chunks": taken, "drained": drained, "last": last}
 
     def release(self, upto: int) -> None:
         """Forget the spooled chunks numbered ``upto`` or lower: a checkpoint covers them."""
@@ -487,6 +509,14 @@ class Inbox:
             if int(path.stem) <= upto:
                 path.unlink(missing_ok=True)
 
+    def wait_until_taken(self) -> None:
+        """Until the learner has taken every chunk delivered so far and waits for more
+        (or the run is over): ``Agent.local`` keeps its loop in step with the learner."""
+        with self.condition:
+            arrivals = self.arrivals
+            while self.taken_upto < arrivals and not self.finished:
+                self.condition.wait(1.0)
+
     def finish(self) -> None:
         with self.condition:
             self.finished = True
@@ -494,13 +524,14 @@ class Inbox:
 
 
 def _write_spool(folder: Path, seq: int, data: bytes) -> None:
+    """Atomically (a whole file or none), not synced: the file outlives the learner's
+    process, which is the failure the spool is for; a sync per chunk (milliseconds
+    each, under the inbox's lock) would make the spool the learner's bottleneck. Machine
+    crashes are the checkpoints' business (those are synced)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{seq:012d}.chunk"
     temporary = path.with_suffix(".tmp")
-    with open(temporary, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
+    temporary.write_bytes(data)
     os.replace(temporary, path)
 
 
@@ -554,14 +585,12 @@ class ExternalRunner:
                 raise CollectionStopped
             waited = time.perf_counter()
             missing = [need - r for r, need in zip(rows, self.rows_per_group, strict=True)]
-            taken = self.inbox.take(0.25, missing)
+            taken = self.inbox.take(0.25, missing, snapshot.version, lag_bound)
             self.idle_seconds += time.perf_counter() - waited
-            for seq, data in taken:
-                consumed = max(consumed, seq)
+            consumed = max(consumed, taken["last"])
+            self.dropped += taken["drained"]
+            for _, data in taken["chunks"]:
                 where, chunk = decode_chunk(data, self.groups)  # checked by the inbox
-                if abs(snapshot.version - chunk.version) > lag_bound:
-                    self.dropped += 1  # too stale, or from a version lost to a resume
-                    continue
                 chunks[where].append(chunk)
                 rows[where] += len(chunk)
         self.consumed = consumed

@@ -101,6 +101,7 @@ class RayRunners:
             self.restarts = 0
             self.failures_in_a_row = 0
             self.dropped = 0  # asynchronous batches too stale to train on
+            self.lags: list[int] = []  # of the asynchronous batches last joined
             self.inflight: dict[int, tuple[Any, float]] = {}  # runner -> (task, started)
             self.snapshot_ref: Any = None  # the newest snapshot in the object store
             self.snapshot_version = -1
@@ -141,8 +142,10 @@ class RayRunners:
 
     def collect(self, snapshot: PolicySnapshot, train: bool = True) -> RolloutBatch:
         """Synchronous: every runner's rollout of this snapshot, joined. Asynchronous
-        (``config.async_collection``): the next batch any runner finishes, of a version no
-        more than ``max_version_lag`` behind this snapshot's."""
+        (``config.async_collection``): the next ``rollouts_per_update`` batches any
+        runners finish, each of a version no more than ``max_version_lag`` behind this
+        snapshot's, joined; a runner starts its next rollout on the newest snapshot as
+        soon as it delivers one, so collection goes on while the learner updates."""
         if self.config.async_collection:
             return self._next_batch(snapshot, train)
         ref = self.ray.put(snapshot)  # once per iteration, read by every runner
@@ -164,7 +167,8 @@ class RayRunners:
         for i in range(len(self.actors)):
             if i not in self.inflight:  # idle: start it on the newest snapshot
                 self._submit(i, ref, train)
-        while True:
+        batches: list[RolloutBatch] = []
+        while len(batches) < self.config.rollouts_per_update:
             for i, batch in self._wait(ref, train, every=False):
                 self._submit(i, ref, train)  # at once: it collects while the learner updates
                 self.failures_in_a_row = 0
@@ -172,7 +176,9 @@ class RayRunners:
                 if snapshot.version - batch.version > self.config.max_version_lag:
                     self.dropped += 1  # too stale to train on (RelayRL's max_version_lag)
                     continue
-                return batch
+                batches.append(batch)
+        self.lags = [snapshot.version - b.version for b in batches]
+        return join(batches, mixed=True)
 
     def _submit(self, index: int, ref: Any, train: bool) -> None:
         self.inflight[index] = (self.actors[index].collect.remote(ref, train), time.monotonic())
@@ -217,10 +223,15 @@ class RayRunners:
         span = max(now - self.metrics_since, 1e-9) * len(self.actors)
         idle = max(0.0, 1.0 - self.busy_seconds / span)
         self.metrics_since, self.busy_seconds = now, 0.0
+        lags = {}
+        if self.lags:  # asynchronous: the joined rollouts' own lags (each the same rows)
+            lags = {"version_lag_mean": float(sum(self.lags)) / len(self.lags)}
+            lags["version_lag_max"] = float(max(self.lags))
         return {
             "runner_restarts": float(self.restarts),
             "dropped_rollouts": float(self.dropped),
             "runner_idle": idle,
+            **lags,
         }
 
     def checkpointed(self, state: dict[str, Any]) -> None:

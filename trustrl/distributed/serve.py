@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trustrl.agent import LinkError
 from trustrl.config import Config, ConfigError
 from trustrl.distributed.cluster import RayCluster, import_ray
 from trustrl.external import (
     ExternalRunner,
     Inbox,
+    LinkError,
     external_groups,
     learner_config,
     learner_info,
@@ -45,8 +45,10 @@ class RemoteInbox:
     def publish(self, version: int, data: bytes) -> None:
         self.ray.get(self.handle.publish.remote(version, data))
 
-    def take(self, timeout: float, needs: Sequence[int]) -> list[tuple[int, bytes]]:
-        return list(self.ray.get(self.handle.take.remote(timeout, needs)))
+    def take(
+        self, timeout: float, needs: Sequence[int], version: int, max_lag: int
+    ) -> dict[str, Any]:
+        return dict(self.ray.get(self.handle.take.remote(timeout, needs, version, max_lag)))
 
     def release(self, upto: int) -> None:
         self.ray.get(self.handle.release.remote(upto))
@@ -96,8 +98,8 @@ class RayLink:
                     ) from None
                 time.sleep(0.5)
 
-    def submit(self, data: bytes) -> dict[str, Any]:
-        return dict(self._call("submit", data))
+    def submit_many(self, chunks: list[bytes]) -> list[dict[str, Any]]:
+        return list(self._call("submit_many", chunks))
 
     def latest(self, have: int) -> dict[str, Any]:
         return dict(self._call("latest", have))
@@ -118,8 +120,6 @@ def serve(
 ) -> Any:
     """Run the learner ``name`` until ``total_steps`` (or Ctrl-C); returns the Trainer.
     ``announce`` gets the line that tells agents where to connect."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     from trustrl.trainer import Trainer, check_new_run_folder, default_run_dir
 
     config, notes = learner_config(config)
@@ -131,9 +131,11 @@ def serve(
         if overwrite and spool.is_dir():
             shutil.rmtree(spool)  # an earlier run's chunks are not this run's
     cluster = RayCluster(ray_address or config.ray_address)
-    cluster.start()
+    cluster.start()  # first: it chooses the mode Ray is imported in (cluster.py)
     try:
         ray = import_ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         node = ray.get_runtime_context().get_node_id()
         actor_class = ray.remote(Inbox)
         try:
