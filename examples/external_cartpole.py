@@ -10,7 +10,10 @@ The simulator below is CartPole's physics written out (Barto, Sutton and Anderso
 as Gymnasium's CartPole-v1 has them, with its 500-step time limit): no Gymnasium here.
 The learner takes the spaces from the env id and evaluates on Gymnasium's CartPole-v1.
 Each process runs until the learner's run has finished (or --seconds pass), then prints
-one line of JSON: steps acted, episodes, wall time, and the agent's act() latency.
+one line of JSON: steps acted, episodes, wall time, and the agent's act() latency. It
+steps at ten times CartPole's real time by default (--pace): an application has a clock
+of its own, and agents that act as fast as the CPU allows leave a small machine's
+learner no time to train (their chunks then lag and are drained).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ class CartPole:
         return np.array(self.state, dtype=np.float32), 1.0, terminated, truncated
 
 
-def run(agent, seed: int, seconds: float) -> dict[str, float]:
+def run(agent, seed: int, seconds: float, pace: float) -> dict[str, float]:
     env = CartPole(seed)
     latencies: list[float] = []
     steps = episodes = 0
@@ -71,6 +74,7 @@ def run(agent, seed: int, seconds: float) -> dict[str, float]:
 
     action = act(env.reset(), None)
     while not agent.status()["finished"] and time.perf_counter() - start < seconds:
+        time.sleep(pace)  # the application's own clock
         obs, reward, terminated, truncated = env.step(action)
         steps += 1
         if terminated or truncated:
@@ -94,12 +98,19 @@ def main() -> None:
     parser.add_argument("--address", default=None, help="the Ray address trustrl serve printed")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seconds", type=float, default=600.0, help="stop after this long")
+    parser.add_argument(
+        "--pace",
+        type=float,
+        default=0.002,
+        help="seconds per step (0.002: ten times CartPole's real time, tau = 0.02 s; 0: as "
+        "fast as the CPU allows, which on a small machine starves the learner)",
+    )
     args = parser.parse_args()
     import trustrl
 
     agent = trustrl.Agent.connect(args.name, address=args.address, seed=args.seed)
     try:
-        result = run(agent, args.seed, args.seconds)
+        result = run(agent, args.seed, args.seconds, args.pace)
         agent.flush(timeout=10)
         result.update(agent.status())
     finally:

@@ -95,9 +95,23 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 120) -> 
         time.sleep(0.2)
 
 
-def finish(process: subprocess.Popen[bytes], log: Path, timeout: float = 240) -> str:
+def finish(
+    process: subprocess.Popen[bytes],
+    log: Path,
+    timeout: float = 240,
+    others: dict[Path, subprocess.Popen[bytes]] | None = None,
+) -> str:
+    """Wait for ``process`` to exit 0; its output. ``others`` (log: process) must not fail
+    meanwhile: a crashed agent fails the test at once, with its output."""
+    deadline = time.monotonic() + timeout
     try:
-        process.wait(timeout)
+        while process.poll() is None:
+            for other_log, other in (others or {}).items():
+                code = other.poll()
+                assert code in (None, 0), other_log.read_text(errors="replace")[-3000:]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{log.name}: still running after {timeout:.0f} s")
+            time.sleep(0.2)
     finally:
         if process.poll() is None:
             process.kill()
@@ -141,7 +155,10 @@ def test_two_processes_train_one_cartpole_policy_to_475(tmp_path: Path, cluster,
         for seed in (1, 2)
     ]
     started = time.monotonic()
-    output = finish(learner, learner_log)
+    logs = {
+        tmp_path / f"agent{seed}.log": agent for seed, agent in zip((1, 2), agents, strict=True)
+    }
+    output = finish(learner, learner_log, others=logs)
     wall = time.monotonic() - started
     results = [
         json.loads(finish(agent, tmp_path / f"agent{i}.log").strip().splitlines()[-1])
@@ -225,7 +242,8 @@ def test_learner_killed_and_resumed_while_agents_act_loses_nothing(
     time.sleep(3)  # the agents act on, their chunks queue
     second_log = tmp_path / "serve2.log"
     resumed = start(serve(run_dir, "outage", address, "--resume", str(run_dir)), env, second_log)
-    finish(resumed, second_log)
+    logs = {tmp_path / f"a{seed}.log": agent for seed, agent in zip((1, 2), agents, strict=True)}
+    finish(resumed, second_log, others=logs)
     results = [
         json.loads(finish(agent, tmp_path / f"a{seed}.log").strip().splitlines()[-1])
         for seed, agent in zip((1, 2), agents, strict=True)

@@ -584,7 +584,9 @@ class Agent:
                     self.connected = not isinstance(exc, LinkError)
                     self.counts["retries"] += 1
                     self.last_error = f"{type(exc).__name__}: {exc}"
-                    self.lock.wait(backoff)  # close() wakes it
+                    resume = time.monotonic() + backoff  # new chunks do not cut it short
+                    while not self.closed and time.monotonic() < resume:
+                        self.lock.wait(resume - time.monotonic())  # close() wakes it
                 if not isinstance(exc, LinkError) and self.counts["retries"] == 1:
                     warnings.warn(f"trustrl agent: {self.last_error}", RuntimeWarning, stacklevel=1)
                 backoff = min(backoff * 2, MAX_BACKOFF)
