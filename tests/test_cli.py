@@ -273,7 +273,7 @@ def test_train_help_shows_the_preset(capsys) -> None:
 
 def test_top_level_usage(capsys) -> None:
     code, out, _ = run_cli([], capsys)
-    assert code == 2 and "usage: trustrl {train,eval,plot,export,presets}" in out
+    assert code == 2 and "usage: trustrl {train,serve,eval,plot,export,presets}" in out
     code, out, _ = run_cli(["--help"], capsys)
     assert code == 0
     code, _, err = run_cli(["fly"], capsys)
@@ -541,3 +541,14 @@ def test_unknown_kwarg_of_a_pettingzoo_env(tmp_path: Path, capsys) -> None:
     assert code == 2, err
     assert "mpe2:simple_spread_v3 does not accept the keyword argument 'foo'" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_serve_says_what_it_needs(capsys, tmp_path: Path) -> None:
+    code, _, err = run_cli(["serve", "--quiet"], capsys)
+    assert code == 2 and "needs ENV_ID, or the spaces in the config's [agent] table" in err
+    code, _, err = run_cli(["serve", "--resume", str(tmp_path)], capsys)
+    assert code == 2 and "no config.toml there" in err
+    code, _, err = run_cli(["serve", "--resume", str(tmp_path), "--trust-env-state"], capsys)
+    assert code == 2 and "keeps no env state" in err
+    code, _, err = run_cli(["serve", "CartPole-v1", "--agent.queue-size", "0"], capsys)
+    assert code == 2 and "agent.queue_size" in err

@@ -48,6 +48,14 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("runner_timeout", 0.0, ("runner_timeout", "0.0"), {}),
     ("runner_failures", 0, ("runner_failures", "got 0"), {}),
     ("max_version_lag", -1, ("max_version_lag", "got -1"), {}),
+    ("async_batches", 0, ("async_batches", "got 0"), {}),
+    ("agent.observation_shape", [0], ("agent.observation_shape must be positive", "[0]"), {}),
+    ("agent.action_kind", "continuous", ("agent.action_kind", "continuous"), {}),
+    ("agent.action_choices", [2, 3], ("discrete actions is one number", "[2, 3]"), {}),
+    ("agent.action_low", [2.0], ("agent.action_low [2.0] must be finite and below", "[1.0]"), {}),
+    ("agent.action_high", [1.0, 2.0, float("inf")], ("must be finite", "inf"), {}),
+    ("agent.max_chunk_length", 0, ("agent.max_chunk_length", "got 0"), {}),
+    ("agent.queue_size", 0, ("agent.queue_size", "got 0"), {}),
     ("async_collection", True, ("async_collection needs runners > 0",), {}),
     ("env.num_envs", 2.5, ("env.num_envs", "2.5"), {}),
     ("env.backend", "threads", ("env.backend", '"threads"', "sync"), {}),
@@ -241,6 +249,8 @@ def wrong_values(hint: Any) -> list[Any]:
         return ["0.1", True, False, [0.1]]
     if kind is str or origin is typing.Literal:
         return [3, 0.5, True, ["a"]]
+    if origin is tuple and typing.get_args(kind)[0] is float:
+        return [64, "64", [True], ["64"]]
     if origin is tuple:
         return [64, "64", [64.0], [True], ["64"]]
     if origin is dict:
