@@ -461,3 +461,9 @@ def test_the_inbox_drains_chunks_outside_the_lag_bound_and_takes_a_batch_at_a_ti
     assert [seq for seq, _ in taken["chunks"]] == [2, 3]  # 8 steps: two chunks of 4
     rest = inbox.take(0, [100], version=3, max_lag=1)
     assert [seq for seq, _ in rest["chunks"]] == [4, 5] and rest["drained"] == 0
+
+
+def test_connect_asks_for_the_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ValueError, match="address='HOST:PORT' as `trustrl serve` printed it"):
+        Agent.connect("cartpole")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import threading
 import time
 import uuid
@@ -227,10 +228,17 @@ class Agent:
         timeout: float = 60.0,
     ) -> Agent:
         """An agent of the learner that ``trustrl serve --name NAME`` runs, on the Ray
-        cluster at ``address`` (default: the one on this machine, "auto")."""
+        cluster at ``address`` (the one ``trustrl serve`` printed; default: the
+        ``RAY_ADDRESS`` environment variable)."""
         from trustrl.distributed.serve import RayLink
 
-        link = RayLink(name, address or "auto", timeout=timeout)
+        address = address or os.environ.get("RAY_ADDRESS")
+        if not address:
+            raise ValueError(
+                "Agent.connect needs the Ray address of the learner's cluster: "
+                "address='HOST:PORT' as `trustrl serve` printed it (or set RAY_ADDRESS)"
+            )
+        link = RayLink(name, address, timeout=timeout)
         try:
             return cls(
                 link,
