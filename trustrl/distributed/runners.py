@@ -102,6 +102,8 @@ class RayRunners:
             self.failures_in_a_row = 0
             self.dropped = 0  # asynchronous batches too stale to train on
             self.lags: list[int] = []  # of the asynchronous batches last joined
+            # Asynchronous rollouts that came in but wait for the next update.
+            self.held: list[tuple[int, RolloutBatch]] = []
             self.inflight: dict[int, tuple[Any, float]] = {}  # runner -> (task, started)
             self.snapshot_ref: Any = None  # the newest snapshot in the object store
             self.snapshot_version = -1
@@ -167,18 +169,32 @@ class RayRunners:
         for i in range(len(self.actors)):
             if i not in self.inflight:  # idle: start it on the newest snapshot
                 self._submit(i, ref, train)
-        batches: list[RolloutBatch] = []
-        while len(batches) < self.config.rollouts_per_update:
-            for i, batch in self._wait(ref, train, every=False):
-                self._submit(i, ref, train)  # at once: it collects while the learner updates
-                self.failures_in_a_row = 0
-                self._account([batch])
+        wanted = self.config.rollouts_per_update
+        # One rollout per runner while there are as many runners as rollouts wanted: a
+        # runner that delivers twice before another delivers once keeps its second for
+        # the next update (taking it now would leave the slower runners' rollouts to go
+        # stale, and halve the throughput with them).
+        distinct = wanted <= len(self.actors)
+        batches: list[tuple[int, RolloutBatch]] = []
+        arrivals, self.held = self.held, []
+        while len(batches) < wanted:
+            if not arrivals:
+                for i, batch in self._wait(ref, train, every=False):
+                    self._submit(i, ref, train)  # at once: it collects while we update
+                    self.failures_in_a_row = 0
+                    self._account([batch])
+                    arrivals.append((i, batch))
+            while arrivals and len(batches) < wanted:
+                i, batch = arrivals.pop(0)
                 if snapshot.version - batch.version > self.config.max_version_lag:
                     self.dropped += 1  # too stale to train on (RelayRL's max_version_lag)
-                    continue
-                batches.append(batch)
-        self.lags = [snapshot.version - b.version for b in batches]
-        return join(batches, mixed=True)
+                elif distinct and any(i == j for j, _ in batches):
+                    self.held.append((i, batch))
+                else:
+                    batches.append((i, batch))
+        self.held += arrivals
+        self.lags = [snapshot.version - b.version for _, b in batches]
+        return join([b for _, b in batches], mixed=True)
 
     def _submit(self, index: int, ref: Any, train: bool) -> None:
         self.inflight[index] = (self.actors[index].collect.remote(ref, train), time.monotonic())
