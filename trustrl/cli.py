@@ -28,6 +28,7 @@ from trustrl.config import (
 
 if TYPE_CHECKING:
     from trustrl.evaluation import EvalResult
+    from trustrl.trainer import Trainer
 
 TRAIN_USAGE = """\
 trustrl train ENV_ID [--algo ppo] [--preset NAME] [--config FILE] [--seed N]
@@ -85,6 +86,17 @@ def _tyro_config(
         return tyro.cli(Config, default=base, args=args, prog=prog, description=description)
 
 
+def _resumed(
+    resume: str, rest: list[str], description: str = TRAIN_USAGE, prog: str = "trustrl train"
+) -> tuple[Path, Config]:
+    """``--resume RUN_DIR``: the run folder and its saved config with the flags applied."""
+    run_dir = Path(resume)
+    if not (run_dir / "config.toml").is_file():
+        raise UsageError(f"--resume {run_dir}: no config.toml there; is it a trustrl run folder?")
+    base = config_from_dict(read_toml(run_dir / "config.toml"))
+    return run_dir, _tyro_config(base, rest, description, prog)
+
+
 def parse_train(argv: list[str]) -> tuple[argparse.Namespace, Config]:
     """The train command line of a new run -> (its own flags, the resolved config)."""
     known, rest = _split_train_args(argv)
@@ -111,13 +123,7 @@ def cmd_train(argv: list[str]) -> int:
     from trustrl.trainer import Trainer
 
     if known.resume:
-        run_dir = Path(known.resume)
-        if not (run_dir / "config.toml").is_file():
-            raise UsageError(
-                f"--resume {run_dir}: no config.toml there; is it a trustrl run folder?"
-            )
-        base = config_from_dict(read_toml(run_dir / "config.toml"))
-        config = _tyro_config(base, rest)
+        run_dir, config = _resumed(known.resume, rest)
         trainer = Trainer(config, run_dir, resume=True, trust_env_state=known.trust_env_state)
         envs = (
             "environments restored mid-episode"
@@ -143,14 +149,7 @@ def cmd_train(argv: list[str]) -> int:
     if not config.quiet:
         print(f"run folder: {trainer.run_dir}")
     trainer.train()
-    if trainer.interrupted:
-        print(
-            f"interrupted at iteration {trainer.iteration}; checkpoint written. Resume with:\n"
-            f"  trustrl train --resume {trainer.run_dir}"
-        )
-        return 130
-    print(summary(trainer.run_dir, trainer.eval_result))
-    return 0
+    return _ended(trainer, f"trustrl train --resume {trainer.run_dir}")
 
 
 SERVE_USAGE = """\
@@ -180,13 +179,7 @@ def cmd_serve(argv: list[str]) -> int:
     if known.trust_env_state:
         raise UsageError("--trust-env-state: a learner of external agents keeps no env state")
     if known.resume:
-        run_dir = Path(known.resume)
-        if not (run_dir / "config.toml").is_file():
-            raise UsageError(
-                f"--resume {run_dir}: no config.toml there; is it a trustrl run folder?"
-            )
-        base = config_from_dict(read_toml(run_dir / "config.toml"))
-        config = _tyro_config(base, rest, SERVE_USAGE, "trustrl serve")
+        run_dir, config = _resumed(known.resume, rest, SERVE_USAGE, "trustrl serve")
     else:
         env_id = known.env_id or named.name
         if known.env_id is not None:
@@ -212,10 +205,16 @@ def cmd_serve(argv: list[str]) -> int:
         ray_address=config.ray_address,
         announce=lambda line: print(line, flush=True),
     )
+    return _ended(trainer, f"trustrl serve --resume {trainer.run_dir} --name {named.name}")
+
+
+def _ended(trainer: Trainer, resume_command: str) -> int:
+    """The end of ``train`` or ``serve``: how to resume an interrupted run (exit 130), or
+    the summary (exit 0)."""
     if trainer.interrupted:
         print(
             f"interrupted at iteration {trainer.iteration}; checkpoint written. Resume with:\n"
-            f"  trustrl serve --resume {trainer.run_dir} --name {named.name}"
+            f"  {resume_command}"
         )
         return 130
     print(summary(trainer.run_dir, trainer.eval_result))

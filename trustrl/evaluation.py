@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,6 +167,34 @@ def _stack_masks(masks: list[Any]) -> np.ndarray | None:
     return np.stack([np.ones(size, bool) if m is None else np.asarray(m, bool) for m in masks])
 
 
+def play_parallel_episode(
+    policy: MultiAgentPolicy,
+    env: Any,
+    seed: int,
+    deterministic: bool,
+    after_step: Callable[[], None] | None = None,
+) -> tuple[dict[str, float], int]:
+    """One episode of a PettingZoo ParallelEnv from ``reset(seed)``: each agent's return
+    and the episode's length. ``after_step`` runs after the reset and after every step
+    (a video's frame)."""
+    observations, _ = env.reset(seed=seed)
+    totals = dict.fromkeys(env.possible_agents, 0.0)
+    length = 0
+    if after_step is not None:
+        after_step()
+    while env.agents:
+        # Only agents still in the episode act (finished ones may still be in the
+        # observation dict of the step that ended them).
+        actions = policy.act({a: observations[a] for a in env.agents}, deterministic)
+        observations, rewards, _, _, _ = env.step(actions)
+        for agent, reward in rewards.items():
+            totals[agent] += float(reward)
+        length += 1
+        if after_step is not None:
+            after_step()
+    return totals, length
+
+
 def evaluate_parallel(
     policy: MultiAgentPolicy,
     env_id: str,
@@ -184,17 +213,7 @@ def evaluate_parallel(
     try:
         check_agents(policy, env, env_id)
         for episode in range(episodes):
-            observations, _ = env.reset(seed=seed + episode)
-            totals = dict.fromkeys(env.possible_agents, 0.0)
-            length = 0
-            while env.agents:
-                # Only agents still in the episode act (finished ones may still be in the
-                # observation dict of the step that ended them).
-                actions = policy.act({a: observations[a] for a in env.agents}, deterministic)
-                observations, rewards, _, _, _ = env.step(actions)
-                for agent, reward in rewards.items():
-                    totals[agent] += float(reward)
-                length += 1
+            totals, length = play_parallel_episode(policy, env, seed + episode, deterministic)
             returns.append(float(np.mean(list(totals.values()))))
             lengths.append(length)
             for agent, total in totals.items():

@@ -88,6 +88,7 @@ def _record_parallel(
     the env's ``render_fps``: the same files either way."""
     from moviepy.video.io.ImageSequenceClip import ImageSequenceClip
 
+    from trustrl.evaluation import play_parallel_episode
     from trustrl.multiagent import parallel_env_factory
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -96,17 +97,14 @@ def _record_parallel(
     videos, returns, lengths = [], [], []
     try:
         for episode in range(episodes):
-            observations, _ = env.reset(seed=seed + episode)
-            frames = [np.asarray(env.render())]
-            totals = dict.fromkeys(env.possible_agents, 0.0)
-            length = 0
-            while env.agents:
-                actions = policy.act({a: observations[a] for a in env.agents}, deterministic)
-                observations, rewards, _, _, _ = env.step(actions)
-                for agent, reward in rewards.items():
-                    totals[agent] += float(reward)
-                length += 1
+            frames: list[np.ndarray] = []
+
+            def frame(frames: list[np.ndarray] = frames) -> None:
                 frames.append(np.asarray(env.render()))
+
+            totals, length = play_parallel_episode(
+                policy, env, seed + episode, deterministic, frame
+            )
             path = folder / f"{name_prefix}-episode-{episode}.mp4"
             ImageSequenceClip(frames, fps=fps).write_videofile(str(path), logger=None)
             videos.append(path)
