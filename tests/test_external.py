@@ -182,10 +182,10 @@ def test_inbox_spools_before_acknowledging_and_a_new_inbox_finds_what_was_left(
     assert all(inbox.submit(d)["ok"] for d in data)
     assert inbox.submit(data[1])["ok"] and inbox.status()["duplicates"] == 1
     assert len(list((tmp_path / "inbox").glob("*.chunk"))) == 4
-    assert [seq for seq, _ in inbox.take(0, [10**9], 0, 0)["chunks"]] == [0, 1, 2, 3]
+    assert [c.seq for _, c in inbox.take(0, [10**9], 0, 0)["chunks"]] == [0, 1, 2, 3]
     inbox.release(1)  # a checkpoint covers chunks 0 and 1
     again = Inbox(groups, {}, spool=tmp_path / "inbox")
-    assert [seq for seq, _ in again.take(0, [10**9], 0, 0)["chunks"]] == [2, 3]
+    assert [c.seq for _, c in again.take(0, [10**9], 0, 0)["chunks"]] == [2, 3]
     again.publish(0, b"snapshot")
     assert again.submit(data[3])["ok"] and again.status()["duplicates"] == 1
     bad = again.submit(encode_chunk(chunk(3, obs=np.zeros((3, 2), np.float32))))
@@ -307,9 +307,7 @@ def test_long_episodes_are_cut_into_chunks_bootstrapped_at_the_cut() -> None:
     agent.end_episode(1.0)
     assert agent.flush(10)
     agent.close()
-    chunks = [
-        decode_chunk(data, inbox.groups)[1] for _, data in inbox.take(0, [10**9], 0, 0)["chunks"]
-    ]
+    chunks = [c for _, c in inbox.take(0, [10**9], 0, 0)["chunks"]]
     assert [(len(c), c.ending) for c in chunks] == [(5, "cut"), (5, "cut"), (2, "terminated")]
     value = policy.value(observations[[5, 10]])  # the torch policy, raw observations
     np.testing.assert_allclose([chunks[0].values[-1], chunks[1].values[-1]], value, rtol=1e-5)
@@ -339,10 +337,7 @@ def test_an_unreachable_learner_is_queued_for_and_drained_when_back() -> None:
         link.down = False
         assert agent.flush(15)
         assert agent.status()["shipped"] == 3 and agent.status()["connected"]
-        returns = [
-            decode_chunk(d, inbox.groups)[1].episode_return
-            for _, d in inbox.take(0, [10**9], 0, 0)["chunks"]
-        ]
+        returns = [c.episode_return for _, c in inbox.take(0, [10**9], 0, 0)["chunks"]]
         assert returns == [2.0, 3.0, 4.0]  # the newest kept, in order
     finally:
         agent.close(flush_timeout=0)
@@ -458,9 +453,9 @@ def test_the_inbox_drains_chunks_outside_the_lag_bound_and_takes_a_batch_at_a_ti
         assert inbox.submit(encode_chunk(chunk(4, seed=i, version=version)))["ok"]
     taken = inbox.take(0, [8], version=3, max_lag=1)
     assert taken["drained"] == 2 and taken["last"] == 3  # versions 0 and 1 drained
-    assert [seq for seq, _ in taken["chunks"]] == [2, 3]  # 8 steps: two chunks of 4
+    assert [c.seq for _, c in taken["chunks"]] == [2, 3]  # 8 steps: two chunks of 4
     rest = inbox.take(0, [100], version=3, max_lag=1)
-    assert [seq for seq, _ in rest["chunks"]] == [4, 5] and rest["drained"] == 0
+    assert [c.seq for _, c in rest["chunks"]] == [4, 5] and rest["drained"] == 0
 
 
 def test_connect_asks_for_the_address(monkeypatch: pytest.MonkeyPatch) -> None:

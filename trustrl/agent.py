@@ -178,7 +178,7 @@ class Agent:
         if learner is None:
             self.thread.start()
         else:
-            self._fetch(-1)
+            self._fetch()
         if not self._wait_for_snapshot(timeout):
             self.close(flush_timeout=0)
             raise LinkError(f"no policy from the learner within {timeout:g} s")
@@ -526,16 +526,23 @@ class Agent:
         assert isinstance(inbox, Inbox)
         reply = inbox.submit(data)
         with self.lock:
-            if reply.get("ok"):
-                self.counts["shipped"] += 1
-            else:
-                self.counts["rejected"] += 1
-                self.last_error = str(reply.get("error", ""))
+            self._count(reply)
         inbox.wait_until_taken()
-        self._fetch(self.snapshot[0] if self.snapshot else -1)
+        self._fetch()
 
-    def _fetch(self, have: int) -> None:
-        """The newest snapshot, if newer than version ``have``; whether the run finished."""
+    def _count(self, reply: dict[str, Any]) -> None:
+        """An inbox's reply to a delivered chunk, counted (under the lock)."""
+        if reply.get("ok"):
+            self.counts["shipped"] += 1
+        else:
+            self.counts["rejected"] += 1
+            self.last_error = str(reply.get("error", ""))
+
+    def _fetch(self) -> None:
+        """The learner's newest snapshot, if newer than this agent's; whether the run
+        finished."""
+        with self.lock:
+            have = self.snapshot[0] if self.snapshot else -1
         latest = self.link.latest(have)
         with self.lock:
             self.finished = bool(latest["finished"])
@@ -558,7 +565,6 @@ class Agent:
         """The shipping thread: deliver the queue in order, fetch newer snapshots; on a
         failure, back off (doubling, up to MAX_BACKOFF) and try again."""
         backoff = MIN_BACKOFF
-        have = -1
         while True:
             with self.lock:
                 if self.closed:
@@ -576,16 +582,11 @@ class Agent:
                             raise LinkError("the learner is starting")
                         if self.queue and self.queue[0] is data:  # not dropped meanwhile
                             self.queue.popleft()
-                        if reply.get("ok"):
-                            self.counts["shipped"] += 1
-                        else:
-                            self.counts["rejected"] += 1
-                            self.last_error = str(reply.get("error", ""))
+                        self._count(reply)
                     self.lock.notify_all()
-                self._fetch(have)
+                self._fetch()
                 with self.lock:
                     self.connected = True
-                    have = self.snapshot[0] if self.snapshot else -1
                 backoff = MIN_BACKOFF
             except Exception as exc:  # a LinkError, or anything else: never end the thread
                 with self.lock:

@@ -16,7 +16,8 @@ learner is the ordinary ``Trainer`` over an ``ExternalRunner``, a ``Runner``
 Chunks and snapshots travel as safetensors bytes: arrays and string metadata, parsed
 without pickle, checked field by field against the spaces before anything is queued.
 Ray's own transport is pickle-based and trusts whoever holds the cluster's token; the
-learner's API takes nothing from an agent but these bytes.
+learner's API takes nothing from an agent but these bytes. The inbox parses each chunk
+once and hands the learner the parsed chunks (between the learner's own processes).
 
 Nothing is lost while the learner is away. The inbox writes each accepted chunk to the
 run folder's ``inbox/`` before it acknowledges it, and deletes it only once a checkpoint
@@ -380,15 +381,14 @@ class Inbox:
         self.max_length = max_length
         self.spool = Path(spool) if spool is not None else None
         self.condition = threading.Condition()
-        # (inbox seq, group, steps, policy version, chunk bytes), in arrival order
-        self.queue: deque[tuple[int, int, int, int, bytes]] = deque()
+        # (inbox seq, group, chunk), in arrival order: parsed and checked once, here
+        self.queue: deque[tuple[int, int, Chunk]] = deque()
         self.seen: set[tuple[str, int]] = set()  # (source, seq) of chunks accepted
         self.next_seq = 0
         self.snapshot: tuple[int, bytes] | None = None
         self.finished = False
         self.received = self.rejected = self.duplicates = 0
-        self.arrivals = 0  # chunks queued so far (spooled ones included)
-        self.taken_upto = 0  # arrivals the learner had taken when it last waited for more
+        self.taken_upto = 0  # chunks received when the learner last waited for more
         self.last_error = ""
         if self.spool is not None and self.spool.is_dir():
             for path in sorted(self.spool.glob("*.chunk")):
@@ -398,7 +398,7 @@ class Inbox:
                     where, chunk = decode_chunk(data, self.groups, max_length)
                 except ChunkError:
                     continue  # written by this inbox, so checked; a damaged file is skipped
-                self.queue.append((seq, where, len(chunk), chunk.version, data))
+                self.queue.append((seq, where, chunk))
                 self.seen.add((chunk.source, chunk.seq))
                 self.next_seq = max(self.next_seq, seq + 1)
 
@@ -410,33 +410,31 @@ class Inbox:
     def submit(self, data: bytes) -> dict[str, Any]:
         """Deliver one chunk. The reply: ``ok`` (accepted, or already had), ``retry`` (not
         taken now: the learner has not published a policy yet; send it again later),
-        or ``error`` (refused for good, with why), and the newest version."""
+        or ``error`` (refused for good, with why)."""
         with self.condition:
             if self.snapshot is None:
-                return {"ok": False, "retry": True, "version": -1}
-            version = self.snapshot[0]
+                return {"ok": False, "retry": True}
         try:
             where, chunk = decode_chunk(data, self.groups, self.max_length)
         except ChunkError as exc:
             with self.condition:
                 self.rejected += 1
                 self.last_error = str(exc)
-            return {"ok": False, "error": str(exc), "version": version}
+            return {"ok": False, "error": str(exc)}
         with self.condition:
             key = (chunk.source, chunk.seq)
             if key in self.seen:  # sent again after a lost acknowledgement
                 self.duplicates += 1
-                return {"ok": True, "version": self.snapshot[0]}
+                return {"ok": True}
             seq = self.next_seq
             self.next_seq += 1
             if self.spool is not None:
                 _write_spool(self.spool, seq, data)
             self.seen.add(key)
-            self.queue.append((seq, where, len(chunk), chunk.version, data))
+            self.queue.append((seq, where, chunk))
             self.received += 1
-            self.arrivals += 1
             self.condition.notify_all()
-            return {"ok": True, "version": self.snapshot[0], "finished": self.finished}
+            return {"ok": True}
 
     def submit_many(self, chunks: list[bytes]) -> list[dict[str, Any]]:
         """``submit`` for each, in order."""
@@ -479,23 +477,23 @@ class Inbox:
         steps (or the queue is empty), waiting up to ``timeout`` seconds for one to
         arrive; the rest stay queued for the next batch. Chunks of a version more than
         ``max_lag`` from the learner's ``version`` are drained on the way, not sent (a
-        backlog costs no transfer). Returns ``chunks`` ((seq, bytes) each), ``drained``
+        backlog costs no transfer). Returns ``chunks`` ((group, chunk) each), ``drained``
         (how many were) and ``last`` (the highest seq taken or drained, -1 for none)."""
         with self.condition:
             if not self.queue:
-                self.taken_upto = self.arrivals  # everything delivered is in hand
+                self.taken_upto = self.received  # everything delivered is in hand
                 self.condition.notify_all()
                 self.condition.wait(timeout)
             needs = list(needs)
             taken, drained, last = [], 0, -1
             while self.queue and any(n > 0 for n in needs):
-                seq, where, steps, acted, data = self.queue.popleft()
+                seq, where, chunk = self.queue.popleft()
                 last = max(last, seq)
-                if abs(version - acted) > max_lag:
+                if abs(version - chunk.version) > max_lag:
                     drained += 1  # too stale, or of a version lost to a resume
                     continue
-                needs[where] -= steps
-                taken.append((seq, data))
+                needs[where] -= len(chunk)
+                taken.append((where, chunk))
             return {"chunks": taken, "drained": drained, "last": last}
 
     def release(self, upto: int) -> None:
@@ -513,8 +511,8 @@ class Inbox:
         """Until the learner has taken every chunk delivered so far and waits for more
         (or the run is over): ``Agent.local`` keeps its loop in step with the learner."""
         with self.condition:
-            arrivals = self.arrivals
-            while self.taken_upto < arrivals and not self.finished:
+            received = self.received
+            while self.taken_upto < received and not self.finished:
                 self.condition.wait(1.0)
 
     def finish(self) -> None:
@@ -580,17 +578,18 @@ class ExternalRunner:
         lag_bound = self.config.max_version_lag
         consumed = self.consumed  # recorded when the batch is complete: a stop before
         # that leaves the chunks taken so far to the spool, for the resumed learner
-        while any(r < need for r, need in zip(rows, self.rows_per_group, strict=True)):
+        while True:
+            missing = [need - r for r, need in zip(rows, self.rows_per_group, strict=True)]
+            if all(m <= 0 for m in missing):
+                break
             if self.stop_event.is_set():
                 raise CollectionStopped
             waited = time.perf_counter()
-            missing = [need - r for r, need in zip(rows, self.rows_per_group, strict=True)]
             taken = self.inbox.take(0.25, missing, snapshot.version, lag_bound)
             self.idle_seconds += time.perf_counter() - waited
             consumed = max(consumed, taken["last"])
             self.dropped += taken["drained"]
-            for _, data in taken["chunks"]:
-                where, chunk = decode_chunk(data, self.groups)  # checked by the inbox
+            for where, chunk in taken["chunks"]:
                 chunks[where].append(chunk)
                 rows[where] += len(chunk)
         self.consumed = consumed

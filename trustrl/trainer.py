@@ -370,13 +370,16 @@ class Trainer:
         start = time.perf_counter() - self.wall_time
         session_start, session_steps = time.perf_counter(), 0
         stop = _StopOnInterrupt(self.collector.stop)
+        stopped = False  # the runner gave up waiting (external agents: stop() was called)
         try:
             while self.env_steps < cfg.total_steps:
-                if stop.requested or self.iteration >= pause_at:
+                if stop.requested or stopped or self.iteration >= pause_at:
                     # A Ctrl-C lands between iterations, so the checkpoint is a clean boundary.
                     self.interrupted = stop.requested
                     self.save(f"iter_{self.iteration:08d}")
-                    self.outcome = "interrupted" if self.interrupted else "paused"
+                    self.outcome = (
+                        "interrupted" if self.interrupted else "stopped" if stopped else "paused"
+                    )
                     return self.policy
                 progress = self.env_steps / cfg.total_steps
                 iteration_start = time.perf_counter()
@@ -384,11 +387,9 @@ class Trainer:
                     rollouts, episodes = self.collect()
                 except NonFiniteError as exc:
                     raise TrainingError(f"{exc}; {self._last_checkpoint_note()}") from None
-                except CollectionStopped:  # stopped while waiting for external agents
-                    self.interrupted = stop.requested
-                    self.save(f"iter_{self.iteration:08d}")
-                    self.outcome = "interrupted" if self.interrupted else "stopped"
-                    return self.policy
+                except CollectionStopped:  # nothing collected: checkpoint at the top
+                    stopped = True
+                    continue
                 update_start = time.perf_counter()
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
@@ -478,9 +479,10 @@ class Trainer:
         return absorb(self.policies, batch, self.iteration, lag), batch.episodes
 
     def _runner_metrics(self, update_seconds: float, iteration_start: float) -> dict[str, float]:
-        """For runs with Ray runners: the runners' own (restarts, dropped batches, idle
-        fraction), the version lag of the rows just trained on (one batch: its mean and
-        max are the same) and the learner's busy fraction (updating, not waiting)."""
+        """For runs with Ray runners or external agents: the runner's own (restarts,
+        dropped batches, idle fraction, and where it knows them its rows' version lags),
+        else the version lag of the batch just trained on, and the learner's busy fraction
+        (updating, not waiting)."""
         reported = self.collector.metrics()
         if not self.config.runners and not reported:
             return {}

@@ -56,9 +56,6 @@ class RemoteInbox:
     def finish(self) -> None:
         self.ray.get(self.handle.finish.remote())
 
-    def status(self) -> dict[str, Any]:
-        return dict(self.ray.get(self.handle.status.remote()))
-
 
 class RayLink:
     """An agent's way to the inbox actor ``name`` on the cluster at ``address``: every
