@@ -51,7 +51,7 @@ def main() -> None:
         gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), False
     )
     policy = Policy(spec, PolicyConfig())
-    rollout = Rollout(args.rows, 4, 4, (), torch.int64)
+    rollout = Rollout(args.rows, 4, 4, (), np.int64)
     rollout.obs.normal_()
     rollout.valid[:] = True
     rollout.logprob.fill_(-0.69)

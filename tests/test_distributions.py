@@ -13,10 +13,8 @@ from trustrl.distributions import (
     CategoricalHead,
     DiagGaussianHead,
     MultiCategoricalHead,
-    NumpyCategorical,
-    NumpyGaussian,
 )
-from trustrl.kernels import log_softmax_array, row_max, row_sum
+from trustrl.kernels import NumpyCategorical, NumpyGaussian, log_softmax_array, row_max, row_sum
 
 IN_FEATURES = 4
 BATCH = 6

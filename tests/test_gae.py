@@ -206,7 +206,7 @@ def test_inputs_are_not_modified() -> None:
 
 def filled_rollout(steps: int = 5, rows: int = 3, mask_dim: int | None = None) -> Rollout:
     g = torch.Generator().manual_seed(21)
-    rollout = Rollout(steps, rows, 2, (), torch.int64, mask_dim=mask_dim)
+    rollout = Rollout(steps, rows, 2, (), np.int64, mask_dim=mask_dim)
     rollout.obs = torch.randn(steps, rows, 2, generator=g)
     rollout.actions = torch.randint(0, 4, (steps, rows), generator=g)
     rollout.logprob = torch.randn(steps, rows, generator=g)

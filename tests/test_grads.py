@@ -229,7 +229,7 @@ def make_rollout(policy: Policy, space: str) -> Rollout:
     g = torch.Generator().manual_seed(3)
     steps, rows = 16, 4
     action_shape = policy.spec.action_shape if space != "discrete" else ()
-    dtype = torch.float32 if space == "box" else torch.int64
+    dtype = np.float32 if space == "box" else np.int64
     rollout = Rollout(steps, rows, OBS_DIM, action_shape, dtype)
     rollout.obs = torch.randn(steps, rows, OBS_DIM, generator=g)
     actions, logprob, values = policy.step(rollout.obs.reshape(-1, OBS_DIM), generator=g)

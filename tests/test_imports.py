@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import trustrl
 
@@ -45,3 +49,46 @@ def test_no_import_cycles() -> None:
 
     for name in sorted(graph):
         visit(name, [])
+
+
+# The acting side (a Ray runner, an external agent) needs no torch: it acts on a policy
+# snapshot's numpy arrays. A child process with torch made unimportable collects with a
+# snapshot the learner made.
+ACT_WITHOUT_TORCH = """
+import sys
+sys.modules["torch"] = None  # any import of torch now raises ImportError
+from pathlib import Path
+from trustrl.collect import make_collector
+from trustrl.config import resolve
+from trustrl.external import decode_snapshot
+import trustrl.agent, trustrl.distributed.runners
+
+env_id, folder = sys.argv[1], Path(sys.argv[2])
+config = resolve(env_id, overrides={"env": {"num_envs": 2}, "rollout": {"num_steps": 64}})
+collector = make_collector(config, seed=3, num_envs=2)
+snapshot = decode_snapshot((folder / "snapshot").read_bytes())
+for _ in range(2):
+    batch = collector.collect(snapshot)
+collector.state_dict()
+print(batch.env_steps, batch.version)
+"""
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "mpe2:simple_spread_v3"])
+def test_the_acting_side_runs_without_torch(env_id: str, tmp_path: Path) -> None:
+    from trustrl.config import resolve
+    from trustrl.external import encode_snapshot
+    from trustrl.trainer import Trainer
+
+    config = resolve(env_id, overrides={"env": {"num_envs": 2}, "rollout": {"num_steps": 64}})
+    trainer = Trainer(config, tmp_path / "run")
+    (tmp_path / "snapshot").write_bytes(encode_snapshot(trainer.snapshot()))
+    child = subprocess.run(
+        [sys.executable, "-c", ACT_WITHOUT_TORCH, env_id, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    steps, version = child.stdout.split()
+    assert int(steps) > 0 and int(version) == 0

@@ -13,7 +13,7 @@ import torch
 
 from tests.test_cli import run_cli
 from trustrl.config import resolve
-from trustrl.normalize import RunningMeanStd
+from trustrl.normalize import MeanStd
 from trustrl.rows import AgentGroup, GroupObs, GroupStep, NonFiniteError, check_finite
 from trustrl.spaces import SpaceSpec
 from trustrl.trainer import FAILED_UPDATES_LIMIT, Trainer, TrainingError
@@ -105,13 +105,13 @@ BAD = (math.nan, math.inf, -math.inf)
 @pytest.mark.parametrize("bad", BAD)
 def test_every_normalizer_update_path_leaves_non_finite_values_out(bad: float) -> None:
     # (B, d) batches, one row (the collector's shortcut), selected rows, scalars.
-    vector = RunningMeanStd(3)
+    vector = MeanStd(3)
     vector.update(np.array([[1.0, 2.0, 3.0], [1.0, bad, 3.0], [3.0, 4.0, 5.0]]))
     vector.update_normalize(np.array([[bad, 0.0, 0.0]], np.float32))
     vector.update_normalize(np.array([[1.0, 1.0, bad], [1.0, 1.0, 1.0]]), rows=np.array([0]))
-    np.testing.assert_allclose(vector.mean.numpy(), [2.0, 3.0, 4.0])
+    np.testing.assert_allclose(vector.mean, [2.0, 3.0, 4.0])
     assert float(vector.count) == 2
-    scalar = RunningMeanStd(())
+    scalar = MeanStd(())
     scalar.update(np.array([bad]))
     scalar.update_scalar(bad)
     scaled = scalar.update_and_scale([2.0, bad, 4.0], [1.0, 1.0, 1.0])

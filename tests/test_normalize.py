@@ -1,4 +1,5 @@
-"""RunningMeanStd: merged batch statistics equal the statistics of the concatenation."""
+"""MeanStd and the policy's RunningMeanStd: merged batch statistics equal the statistics of
+the concatenation."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from trustrl.normalize import RunningMeanStd
+from trustrl.normalize import MeanStd
+from trustrl.policy import RunningMeanStd
 
 SIZES = [1, 7, 1, 64, 3, 1, 250, 2]
 
@@ -79,7 +81,7 @@ def test_scale_divides_only() -> None:
     rms.update(torch.tensor([10.0, 14.0]))  # mean 12, var 4 -> std 2
     x = torch.tensor([4.0, -3.0, 0.0, 12.0, 100.0])
     # No mean subtraction: 12 scales to 6, clipped to 5; the sign is kept.
-    np.testing.assert_allclose(rms.scale_array(x.numpy()), [2.0, -1.5, 0.0, 5.0, 5.0])
+    np.testing.assert_allclose(rms.numpy.scale_array(x.numpy()), [2.0, -1.5, 0.0, 5.0, 5.0])
     torch.testing.assert_close(rms(x), torch.tensor([-4.0, -5.0, -5.0, 0.0, 5.0]))
 
 
@@ -118,13 +120,42 @@ def test_state_dict_round_trip() -> None:
     assert torch.equal(from_file.var, rms.var) and from_file.count.item() == rms.count.item()
 
 
+def test_mean_std_state_round_trips_and_reads_a_torch_modules_state() -> None:
+    """The collector's reward scale is a ``MeanStd``; checkpoints written when it was a
+    torch module hold tensors, and they load into it unchanged."""
+    module = RunningMeanStd(())
+    module.update(np.array([1.0, 5.0, -2.0]))
+    scale = MeanStd(())
+    scale.load_state_dict(module.state_dict())  # torch tensors
+    assert float(scale.count) == 3 and float(scale.var) == pytest.approx(float(module.var))
+    restored = MeanStd(())
+    restored.load_state_dict(scale.state_dict())  # numpy arrays, copies
+    scale.update(np.array([7.0]))
+    assert float(restored.count) == 3 and float(scale.count) == 4
+
+
+def test_the_modules_numpy_view_shares_its_buffers() -> None:
+    """Updates through ``numpy`` land in the buffers (and so in ``state_dict``), also after
+    ``load_state_dict`` and after the buffers were replaced."""
+    rms = RunningMeanStd(2)
+    rms.numpy.update(np.array([[1.0, 2.0], [3.0, 4.0]]))
+    assert rms.count.item() == 2 and rms.mean.tolist() == [2.0, 3.0]
+    other = RunningMeanStd(2)
+    other.load_state_dict(rms.state_dict())
+    other.numpy.update(np.array([[5.0, 6.0]]))
+    assert other.state_dict()["count"].item() == 3
+    other.mean = torch.zeros(2, dtype=torch.float64)  # a new tensor: the view follows
+    other.numpy.update(np.array([[3.0, 3.0]]))
+    assert other.mean.tolist() != [0.0, 0.0]
+
+
 def test_numpy_normalize_matches_forward() -> None:
     """The collector's numpy path gives what the module gives (and clips the same)."""
     rms = RunningMeanStd(6, clip=10.0)
     rms.update(np.random.default_rng(4).normal(3.0, 2.0, size=(50, 6)))
     x = np.random.default_rng(5).normal(size=(12, 6)).astype(np.float32) * 40
     expected = rms(torch.from_numpy(x)).numpy()
-    np.testing.assert_allclose(rms.normalize_array(x.copy()), expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(rms.numpy.normalize_array(x.copy()), expected, rtol=1e-6, atol=1e-6)
     assert np.abs(expected).max() == rms.clip
 
 
@@ -132,7 +163,7 @@ def test_numpy_normalize_matches_forward() -> None:
 def test_update_normalize_is_update_then_normalize(rows: int) -> None:
     """The collector's combined step (with its one-row shortcut) against the two calls."""
     data = np.random.default_rng(6).normal(2.0, 3.0, size=(40, rows, 5)).astype(np.float32)
-    combined, separate = RunningMeanStd(5, clip=4.0), RunningMeanStd(5, clip=4.0)
+    combined, separate = MeanStd(5, clip=4.0), MeanStd(5, clip=4.0)
     for x in data:
         out = np.empty((rows, 5), dtype=np.float32)
         got = combined.update_normalize(x, out)
@@ -146,7 +177,7 @@ def test_update_normalize_is_update_then_normalize(rows: int) -> None:
 
 def test_update_normalize_takes_in_only_the_given_rows() -> None:
     x = np.array([[1.0, 2.0], [100.0, -100.0], [3.0, 6.0]], dtype=np.float32)
-    rms = RunningMeanStd(2)
+    rms = MeanStd(2)
     rms.update_normalize(x, rows=np.array([True, False, True]))
     np.testing.assert_allclose(rms.mean, [2.0, 4.0])
     assert rms.count.item() == 2
@@ -155,7 +186,7 @@ def test_update_normalize_takes_in_only_the_given_rows() -> None:
 def test_update_and_scale_matches_step_by_step_calls() -> None:
     fold = [1.5, None, -2.0, 4.0, None, 0.5]
     values = [1.0, 2.0, -3.0, 0.5, 8.0, -1.0]
-    batched, stepwise = RunningMeanStd((), clip=3.0), RunningMeanStd((), clip=3.0)
+    batched, stepwise = MeanStd((), clip=3.0), MeanStd((), clip=3.0)
     got = batched.update_and_scale(fold, values)
     expected = []
     for x, v in zip(fold, values, strict=True):

@@ -46,7 +46,7 @@ def make_rollout(policy: Policy, seed: int = 0) -> Rollout:
     """A rollout whose actions, log-probs and values come from ``policy`` itself, so the
     ratio is exactly 1 before the first step, with one episode boundary of each kind."""
     g = torch.Generator().manual_seed(seed)
-    rollout = Rollout(STEPS, ROWS, OBS_DIM, (), torch.int64)
+    rollout = Rollout(STEPS, ROWS, OBS_DIM, (), np.int64)
     rollout.obs = torch.randn(STEPS, ROWS, OBS_DIM, generator=g)
     actions, logprob, values = policy.step(rollout.obs.reshape(-1, OBS_DIM), generator=g)
     rollout.actions = actions.reshape(STEPS, ROWS).clone()

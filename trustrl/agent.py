@@ -54,7 +54,7 @@ from trustrl.external import (
     max_chunk,
 )
 from trustrl.inference import Inference
-from trustrl.normalize import RunningMeanStd, RunningStats
+from trustrl.normalize import MeanStd, RunningStats
 from trustrl.spaces import SpaceSpec
 
 if TYPE_CHECKING:
@@ -149,9 +149,7 @@ class Agent:
             )
         self.gamma = float(info["gamma"])
         self.reward_scaler = (
-            RunningMeanStd((), clip=float(info["reward_clip"]))
-            if info["normalize_reward"]
-            else None
+            MeanStd((), clip=float(info["reward_clip"])) if info["normalize_reward"] else None
         )
         self.discounted = 0.0
         self.rng = np.random.default_rng(seed)

@@ -31,7 +31,7 @@ from trustrl.config import Config, ObsStats
 from trustrl.contract import EpisodeStats, GroupBatch, PolicySnapshot, RolloutBatch
 from trustrl.envs import GymRows, make_row_env
 from trustrl.inference import Inference
-from trustrl.normalize import RunningMeanStd, RunningStats
+from trustrl.normalize import MeanStd, RunningStats
 from trustrl.rows import AgentGroup, EnvState, GroupObs, RowEnv
 from trustrl.spaces import SpaceSpec
 
@@ -135,7 +135,7 @@ class _Acting:
 
 
 def _normalized(
-    norm: RunningMeanStd | None,
+    norm: MeanStd | None,
     x: np.ndarray,
     update: bool,
     live: np.ndarray | None,
@@ -174,10 +174,9 @@ def _copy(array: np.ndarray | None) -> np.ndarray | None:
 def _arrays(group: AgentGroup, steps: int, rows: int) -> dict[str, np.ndarray]:
     """A rollout's (T, rows, ...) arrays for one group, by ``GroupBatch`` field name."""
     spec = group.spec
-    action_dtype = np.float32 if spec.action_kind == "box" else np.int64
     arrays = {
         "obs": np.empty((steps, rows, spec.obs_dim), np.float32),
-        "actions": np.empty((steps, rows, *spec.action_shape), action_dtype),
+        "actions": np.empty((steps, rows, *spec.action_shape), spec.action_dtype),
         "logprob": np.empty((steps, rows), np.float32),
         "values": np.empty((steps, rows), np.float32),
         "rewards": np.empty((steps, rows), np.float32),
@@ -232,7 +231,7 @@ class Collector:
         self.obs_stats = obs_stats
         self.name = name
         self.rng = np.random.default_rng(seed)  # action sampling
-        self.reward_scaler = RunningMeanStd((), clip=reward_clip) if normalize_reward else None
+        self.reward_scaler = MeanStd((), clip=reward_clip) if normalize_reward else None
         observed = self.rows.reset(seed)
         self.groups = self.rows.groups
         self.lanes = [

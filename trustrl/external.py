@@ -299,10 +299,9 @@ def decode_chunk(
     length = len(tensors["logprob"]) if "logprob" in tensors else 0
     if not 1 <= length <= max_length:
         raise ChunkError(f"a chunk holds 1 to {max_length:,} steps, got {length}")
-    action_dtype = np.float32 if spec.action_kind == "box" else np.int64
     expected: dict[str, tuple[tuple[int, ...], Any]] = {
         "obs": ((length, spec.obs_dim), np.float32),
-        "actions": ((length, *spec.action_shape), action_dtype),
+        "actions": ((length, *spec.action_shape), spec.action_dtype),
         "logprob": ((length,), np.float32),
         "values": ((length + 1,), np.float32),
         "rewards": ((length,), np.float32),
@@ -672,9 +671,8 @@ def pack(group: AgentGroup, chunks: Sequence[Chunk], num_steps: int) -> GroupBat
             columns[shortest].append(chunk)
             heights[shortest] += len(chunk) + 1
     steps, width = max([*heights, 1]), len(columns)
-    action_dtype = np.float32 if spec.action_kind == "box" else np.int64
     obs = np.zeros((steps, width, spec.obs_dim), np.float32)
-    actions = np.zeros((steps, width, *spec.action_shape), action_dtype)
+    actions = np.zeros((steps, width, *spec.action_shape), spec.action_dtype)
     logprob = np.zeros((steps, width), np.float32)
     values = np.zeros((steps, width), np.float32)
     rewards = np.zeros((steps, width), np.float32)

@@ -28,8 +28,7 @@ import numpy as np
 
 from trustrl import kernels
 from trustrl.contract import GroupSnapshot
-from trustrl.distributions import NumpyGaussian, numpy_head
-from trustrl.normalize import RunningMeanStd
+from trustrl.normalize import MeanStd
 
 if TYPE_CHECKING:
     from trustrl.policy import Policy
@@ -73,10 +72,8 @@ class Inference:
             snapshot.stats("obs_normalizer"),
             snapshot.stats("critic_normalizer"),
         )
-        self.obs_normalizer = RunningMeanStd.of_stats(obs_stats, obs_clip) if obs_stats else None
-        self.critic_normalizer = (
-            RunningMeanStd.of_stats(critic_stats, obs_clip) if critic_stats else None
-        )
+        self.obs_normalizer = MeanStd.of_stats(obs_stats, obs_clip) if obs_stats else None
+        self.critic_normalizer = MeanStd.of_stats(critic_stats, obs_clip) if critic_stats else None
         value = snapshot.stats("value_normalizer")
         # Value normalization: the critic's output in return units is raw * std + mean.
         self.value_scale = (
@@ -92,7 +89,7 @@ class Inference:
         ]
         self.critic = _layers(weights, "critic.")
         log_std = weights.get("head.log_std")
-        self.head = numpy_head(
+        self.head = kernels.numpy_head(
             spec["action_kind"],
             spec.get("nvec", ()),
             log_std.copy() if log_std is not None else None,
@@ -151,7 +148,7 @@ class Inference:
         """Log-probabilities (B,) of the actions ``act`` chose from head outputs ``out``
         with ``noise``, all (B, ...) (a rollout's steps flattened)."""
         head = self.head
-        if isinstance(head, NumpyGaussian):
+        if isinstance(head, kernels.NumpyGaussian):
             return head.log_prob_of_noise(noise, agent)
         return head.log_prob(head.params(out, mask), actions)
 

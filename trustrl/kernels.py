@@ -1,5 +1,5 @@
 """The numpy kernels: the MLP's forward pass (plain and stacked per agent) and backward
-pass, and the row reductions of the heads' numpy twins.
+pass, and the action heads' numpy twins (``NumpyCategorical``, ``NumpyGaussian``).
 
 Both numpy paths run their networks here: the collector's acting (inference.py) and the
 hand-written PPO gradients (updates/grads.py). Torch's ``Policy`` is the reference;
@@ -14,7 +14,10 @@ activation, the last layer linear (an actor's head, a critic's value).
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -161,3 +164,238 @@ def row_sum(x: np.ndarray) -> np.ndarray:
     """(n, K) -> (n, 1), each row's sum, as a matmul with ones: faster than ``x.sum(-1)``
     along a short last axis."""
     return x @ ones(x.shape[1], x.dtype)[:, None]
+
+
+# The action heads' numpy twins. Each torch head in distributions.py has its twin here,
+# for the two numpy paths: acting (inference.py: noise, act, mode, log-prob) and the
+# hand-written gradients (updates/grads.py: log-prob, entropy and their backward pass to
+# the head's outputs). They live beside the numpy MLP rather than beside their torch
+# heads so that the acting side (a Ray runner, an external agent) never imports torch;
+# ``tests/test_distributions.py`` holds each twin equal to its head.
+
+# A finite stand-in for -inf: exp() of it is exactly 0 in float32, and 0 * it is 0, so
+# entropies and KLs over masked actions stay finite (an -inf would give NaN there).
+MASKED_LOGIT = -1e8
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)  # the Gaussian log-density's constant
+_LOG_SQRT_2PI = np.float32(LOG_SQRT_2PI)
+
+
+class NumpyCategorical:
+    """The numpy twin of ``CategoricalHead`` (one block) and ``MultiCategoricalHead``
+    (a block per component), on raw logits (rows, sum(nvec))."""
+
+    def __init__(self, nvec: Sequence[int]) -> None:
+        self.nvec = list(nvec)
+        self.width = sum(self.nvec)
+        self.blocks = list(itertools.pairwise(np.cumsum([0, *self.nvec]).tolist()))
+
+    def params(self, logits: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        """The head's ``forward`` after its linear layer: per-block log-softmax, masked
+        logits at ``MASKED_LOGIT`` first."""
+        if mask is not None:
+            logits = np.where(mask, logits, np.float32(MASKED_LOGIT))
+        if len(self.blocks) == 1:  # Discrete: no per-block copies
+            return log_softmax_array(logits)
+        log_probs = np.empty_like(logits)
+        for lo, hi in self.blocks:
+            log_probs[:, lo:hi] = log_softmax_array(logits[:, lo:hi])
+        return log_probs
+
+    def log_prob(
+        self, params: np.ndarray, actions: np.ndarray, agent: np.ndarray | None = None
+    ) -> np.ndarray:
+        """(rows,) log-probabilities of ``actions`` (rows,) or (rows, components)."""
+        rows = np.arange(len(params))
+        if len(self.blocks) == 1:
+            return params[rows, actions]
+        logprob = np.zeros(len(params), dtype=params.dtype)
+        for i, (lo, _) in enumerate(self.blocks):
+            logprob += params[rows, lo + actions[:, i]]
+        return logprob
+
+    def entropy(self, params: np.ndarray, agent: np.ndarray | None = None) -> np.ndarray:
+        """(rows,): the blocks' entropies summed, which is -sum p log p over every column."""
+        return -row_sum(np.exp(params) * params)[:, 0]
+
+    def noise(self, rng: np.random.Generator, steps: int, agent: np.ndarray) -> np.ndarray:
+        """(steps, rows, width) standard Gumbel draws, -log E with E ~ Exp(1)."""
+        noise = rng.standard_exponential((steps, len(agent), self.width), dtype=np.float32)
+        # A draw of exactly 0 would give +inf and win even over a masked action.
+        np.maximum(noise, np.finfo(np.float32).tiny, out=noise)
+        np.log(noise, out=noise)
+        return np.negative(noise, out=noise)
+
+    def act(
+        self,
+        logits: np.ndarray,
+        mask: np.ndarray | None,
+        noise: np.ndarray | None,
+        agent: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """argmax(logits + Gumbel noise) per block: a sample (the Gumbel-max trick, as
+        ``sample``; log-softmax only shifts a row, so the argmax needs none), or with
+        ``noise`` None the mode."""
+        if mask is not None:
+            perturbed = np.where(mask, logits, np.float32(MASKED_LOGIT))
+            if noise is not None:
+                perturbed += noise
+        else:
+            perturbed = logits + noise if noise is not None else logits
+        if len(self.blocks) == 1:
+            return perturbed.argmax(-1)
+        return np.stack([perturbed[:, lo:hi].argmax(-1) for lo, hi in self.blocks], -1)
+
+    def terms(
+        self, logits: np.ndarray, actions: np.ndarray, mask: np.ndarray | None
+    ) -> tuple[np.ndarray, float, tuple]:
+        """The gradient path's forward pass: (log-probabilities (rows,), the mean entropy
+        over rows, what ``backward`` needs)."""
+        params = self.params(logits, mask)
+        probs = np.exp(params)
+        # The mean over rows of each row's summed entropies: one sum over everything.
+        entropy = -float((probs * params).sum()) / len(params)
+        return self.log_prob(params, actions), entropy, (params, probs, actions, mask)
+
+    def backward(
+        self, residuals: tuple, d_logprob: np.ndarray, d_entropy: float
+    ) -> tuple[np.ndarray, None]:
+        """d loss / d logits (rows, width) for a loss with d loss / d logprob ``d_logprob``
+        (rows,) and d loss / d (the mean entropy) ``d_entropy``, from ``terms``'
+        residuals; no parameter of the head's own (a Gaussian's log-std) to differentiate."""
+        params, probs, actions, mask = residuals
+        n = len(params)
+        # d logprob / d logits = onehot(action) - softmax, per block.
+        d_out = -d_logprob[:, None] * probs
+        rows = np.arange(n)
+        for i, (lo, _) in enumerate(self.blocks):
+            taken = actions if actions.ndim == 1 else actions[:, i]
+            d_out[rows, lo + taken] += d_logprob
+        if d_entropy:
+            # d entropy / d logits_j = -p_j (log p_j + H) within each block.
+            block_entropy = np.empty_like(params)
+            plogp = probs * params
+            for lo, hi in self.blocks:
+                block_entropy[:, lo:hi] = -row_sum(plogp[:, lo:hi])
+            d_out -= (np.float32(d_entropy) / n) * probs * (params + block_entropy)
+        if mask is not None:
+            d_out *= mask  # masked logits were replaced by a constant
+        return d_out.astype(np.float32, copy=False), None
+
+
+class NumpyGaussian:
+    """The numpy twin of ``DiagGaussianHead``, on the means (rows, d); ``log_std`` (d,),
+    or (A, d) for per-agent heads, may be a live view of the torch parameter."""
+
+    def __init__(self, log_std: np.ndarray) -> None:
+        self.log_std = log_std
+        self.width = log_std.shape[-1]
+
+    def _rows(self, values: np.ndarray, agent: np.ndarray | None) -> np.ndarray:
+        """Per-agent values (A, ...) picked for each row; shared ones as they are."""
+        return values[agent] if self.log_std.ndim == 2 else values
+
+    def params(self, means: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        """The means are the varying part of the parameters; the log-std is the head's."""
+        return means
+
+    def log_prob(
+        self, params: np.ndarray, actions: np.ndarray, agent: np.ndarray | None = None
+    ) -> np.ndarray:
+        log_std = self._rows(self.log_std, agent)
+        return _log_density((actions - params) * np.exp(-log_std), log_std)
+
+    def log_prob_of_noise(self, noise: np.ndarray, agent: np.ndarray | None) -> np.ndarray:
+        """``log_prob`` of the actions ``act`` made with ``noise`` = std z: -z.z / 2 -
+        (sum(log std) + d log sqrt(2 pi)). The draw itself, not actions - means, which
+        loses digits when a mean is large against its std."""
+        z = noise / self._rows(np.exp(self.log_std), agent)
+        logprob = np.einsum("ij,ij->i", z, z) * np.float32(-0.5)
+        logprob -= self._rows(self.log_std.sum(-1) + self.width * _LOG_SQRT_2PI, agent)
+        return logprob.astype(np.float32, copy=False)
+
+    def entropy(self, params: np.ndarray, agent: np.ndarray | None = None) -> np.ndarray:
+        """(rows,): state-independent, sum(1/2 + log sqrt(2 pi) + log std)."""
+        per_agent = (np.float32(0.5) + _LOG_SQRT_2PI + self.log_std).sum(-1)
+        return np.broadcast_to(self._rows(per_agent, agent), (len(params),))
+
+    def noise(self, rng: np.random.Generator, steps: int, agent: np.ndarray) -> np.ndarray:
+        """(steps, rows, d) draws std z, z ~ N(0, I): what ``act`` adds to the means."""
+        z = rng.standard_normal((steps, len(agent), self.width), dtype=np.float32)
+        z *= self._rows(np.exp(self.log_std), agent)
+        return z
+
+    def act(
+        self,
+        means: np.ndarray,
+        mask: np.ndarray | None,
+        noise: np.ndarray | None,
+        agent: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """mean + std z (``sample``), or with ``noise`` None the mean (``mode``)."""
+        return means + noise if noise is not None else means
+
+    def terms(
+        self, means: np.ndarray, actions: np.ndarray, mask: np.ndarray | None
+    ) -> tuple[np.ndarray, float, tuple]:
+        """The gradient path's forward pass: (log-probabilities (rows,), the mean entropy,
+        what ``backward`` needs). A shared log-std only (per-agent heads train by
+        autograd)."""
+        assert self.log_std.ndim == 1
+        inv_std = np.exp(-self.log_std)
+        z = (actions - means) * inv_std
+        entropy = float(np.sum(np.float32(0.5) + _LOG_SQRT_2PI + self.log_std))
+        return _log_density(z, self.log_std), entropy, (z, inv_std)
+
+    def backward(
+        self, residuals: tuple, d_logprob: np.ndarray, d_entropy: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(d loss / d means (rows, d), d loss / d log_std (d,)) for a loss with d loss /
+        d logprob ``d_logprob`` (rows,) and d loss / d mean entropy ``d_entropy``."""
+        z, inv_std = residuals
+        d_means = d_logprob[:, None] * z * inv_std
+        # d logprob / d log_std = z^2 - 1; the entropy's is 1 per dimension.
+        d_log_std = np.sum(d_logprob[:, None] * (z * z - 1.0), axis=0)
+        d_log_std += np.float32(d_entropy)
+        return d_means, d_log_std
+
+
+def _log_density(z: np.ndarray, log_std: np.ndarray) -> np.ndarray:
+    """(rows,) log N(a; mean, std) from z = (a - mean) / std."""
+    return row_sum(np.float32(-0.5) * z * z - log_std - _LOG_SQRT_2PI)[:, 0]
+
+
+class NumpyHead(Protocol):
+    """What the numpy paths ask of a head's twin (``numpy_head``)."""
+
+    width: int
+
+    def params(self, out: np.ndarray, mask: np.ndarray | None) -> np.ndarray: ...
+    def log_prob(
+        self, params: np.ndarray, actions: np.ndarray, agent: np.ndarray | None = None
+    ) -> np.ndarray: ...
+    def entropy(self, params: np.ndarray, agent: np.ndarray | None = None) -> np.ndarray: ...
+    def noise(self, rng: np.random.Generator, steps: int, agent: np.ndarray) -> np.ndarray: ...
+    def act(
+        self,
+        out: np.ndarray,
+        mask: np.ndarray | None,
+        noise: np.ndarray | None,
+        agent: np.ndarray | None = None,
+    ) -> np.ndarray: ...
+    def terms(
+        self, out: np.ndarray, actions: np.ndarray, mask: np.ndarray | None
+    ) -> tuple[np.ndarray, float, tuple]: ...
+    def backward(
+        self, residuals: tuple, d_logprob: np.ndarray, d_entropy: float
+    ) -> tuple[np.ndarray, np.ndarray | None]: ...
+
+
+def numpy_head(
+    action_kind: str, nvec: Sequence[int], log_std: np.ndarray | None
+) -> NumpyCategorical | NumpyGaussian:
+    """The twin of the head for an action space (``SpaceSpec.action_kind`` and ``nvec``);
+    a Gaussian's needs the head's ``log_std``."""
+    if action_kind == "box":
+        assert log_std is not None
+        return NumpyGaussian(log_std)
+    return NumpyCategorical(nvec)

@@ -1,20 +1,23 @@
-"""Running mean and variance, as a torch module so that it is part of the model.
+"""Running mean and variance in numpy: what acts on a runner, and what the policy's
+torch normalizers (``policy.RunningMeanStd``) compute with.
 
 Gymnasium's NormalizeObservation wrapper keeps its statistics in the environment
 wrapper; trustrl keeps them in the policy instead, so they are saved, loaded,
 exported and evaluated with the weights, always (the statistics are a large part of
 PPO's edge, and a policy restored without them silently acts on differently scaled
 inputs). The same class scales rewards by the spread of the discounted return.
+
+This module imports no torch: a Ray runner or an external agent normalizes with
+``MeanStd`` alone.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor, nn
 
 
 @dataclass(frozen=True)
@@ -67,41 +70,45 @@ class RunningStats:
         return bool(np.isfinite(self.mean).all() and np.isfinite(self.m2).all())
 
 
-class RunningMeanStd(nn.Module):
+class MeanStd:
     """Mean and (population) variance over every batch seen, merged in parallel form.
 
     ``update`` folds a batch in with Chan et al.'s pairwise update of Welford's
-    statistics; ``forward`` standardizes and clips. Statistics are float64 buffers,
-    so they ride along in ``state_dict`` and survive long runs without drift.
+    statistics; ``normalize_array`` standardizes and clips. The statistics are float64
+    arrays, possibly views of a torch module's buffers (``policy.RunningMeanStd``), so
+    they survive long runs without drift.
     """
 
-    mean: Tensor
-    var: Tensor
-    count: Tensor
-
     def __init__(
-        self, shape: tuple[int, ...] | int = (), clip: float = 10.0, epsilon: float = 1e-8
+        self,
+        shape: tuple[int, ...] | int = (),
+        clip: float = 10.0,
+        epsilon: float = 1e-8,
+        arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     ):
-        super().__init__()
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         self.clip = clip
         self.epsilon = epsilon
-        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
-        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
-        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
-        self._arrays: tuple[Tensor, np.ndarray, np.ndarray, np.ndarray] | None = None
+        if arrays is None:
+            arrays = (np.zeros(shape), np.ones(shape), np.zeros(()))
+        self.mean: np.ndarray = arrays[0]
+        self.var: np.ndarray = arrays[1]
+        self.count: np.ndarray = arrays[2]
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(mean, var, count) as numpy views of the buffers (cached while they are the same
-        tensors; ``load_state_dict`` copies in place, so the views stay valid)."""
-        cached = self._arrays
-        # _buffers directly: nn.Module's attribute lookup is slow for a per-step call.
-        if cached is None or cached[0] is not self._buffers["mean"]:
-            views = (self.mean.numpy(), self.var.numpy(), self.count.numpy())
-            cached = self._arrays = (self.mean, *views)
-        return cached[1], cached[2], cached[3]
+        """(mean, var, count), written in place by every update."""
+        return self.mean, self.var, self.count
 
-    def update(self, batch: Tensor | np.ndarray) -> None:
+    def state_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean.copy(), "var": self.var.copy(), "count": self.count.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """From ``state_dict``'s arrays (or the tensors of a checkpoint written when this
+        state was a torch module's)."""
+        for name in ("mean", "var", "count"):
+            getattr(self, name)[...] = np.asarray(state[name], dtype=np.float64)
+
+    def update(self, batch: np.ndarray) -> None:
         """Fold in a batch of shape (B, *shape).
 
         In numpy on views of the buffers: the collector calls this every env step, on a
@@ -153,11 +160,10 @@ class RunningMeanStd(nn.Module):
         mean[...], var[...], count[...] = merged.mean, merged.var, merged.count
 
     @classmethod
-    def of_stats(cls, stats: RunningStats, clip: float, epsilon: float = 1e-8) -> RunningMeanStd:
+    def of_stats(cls, stats: RunningStats, clip: float, epsilon: float = 1e-8) -> MeanStd:
         """A normalizer holding ``stats`` (a runner's acting copy of the learner's)."""
         norm = cls(stats.mean.shape, clip=clip, epsilon=epsilon)
-        mean, var, count = norm.arrays()
-        mean[...], var[...], count[...] = stats.mean, stats.var, stats.count
+        norm.mean[...], norm.var[...], norm.count[...] = stats.mean, stats.var, stats.count
         return norm
 
     def update_scalar(self, x: float) -> None:
@@ -183,15 +189,10 @@ class RunningMeanStd(nn.Module):
         mean_buf[...], var_buf[...], count_buf[...] = mean, var, count
         return scaled
 
-    def forward(self, x: Tensor) -> Tensor:
-        scale = torch.rsqrt(self.var.to(x.dtype) + self.epsilon)
-        return ((x - self.mean.to(x.dtype)) * scale).clamp(-self.clip, self.clip)
-
-    # The collector's numpy versions (per env step, numpy ops cost a fraction of torch's).
-
     def normalize_array(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """``forward`` on an array, into ``out`` (float32; a new array by default). The
-        arithmetic runs on the float64 statistics and is rounded once, when written."""
+        """Standardize and clip ``x`` into ``out`` (float32; a new array by default), as
+        ``policy.RunningMeanStd.forward`` does a tensor. The arithmetic runs on the float64
+        statistics and is rounded once, when written."""
         mean, var, _ = self.arrays()
         y = x - mean
         y *= 1.0 / np.sqrt(var + self.epsilon)

@@ -1,9 +1,9 @@
 """The actor-critic: observation normalizer, actor MLP with an action head, critic MLP.
 
-The normalizer lives inside the policy (see normalize.py), so one ``state_dict``
-holds everything needed to act. Actor and critic are separate networks: TRPO and the
-separate-optimizer PPO setting step them independently, and a critic loss can never
-reach actor weights.
+The normalizer lives inside the policy (``RunningMeanStd``, computing with normalize.py's
+numpy ``MeanStd``), so one ``state_dict`` holds everything needed to act. Actor and
+critic are separate networks: TRPO and the separate-optimizer PPO setting step them
+independently, and a critic loss can never reach actor weights.
 """
 
 from __future__ import annotations
@@ -25,11 +25,64 @@ from trustrl.distributions import (
     MultiCategoricalHead,
     StackedLinear,
 )
-from trustrl.normalize import RunningMeanStd
+from trustrl.normalize import MeanStd, RunningStats
 from trustrl.rows import AgentGroup
 from trustrl.spaces import SpaceSpec
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+class RunningMeanStd(nn.Module):
+    """A normalizer that is part of the model: ``MeanStd``'s statistics as float64
+    buffers, so that they ride along in ``state_dict``; ``forward`` standardizes and clips
+    a tensor. Every update is ``MeanStd``'s, on numpy views of the buffers (``numpy``)."""
+
+    mean: Tensor
+    var: Tensor
+    count: Tensor
+
+    def __init__(
+        self, shape: tuple[int, ...] | int = (), clip: float = 10.0, epsilon: float = 1e-8
+    ):
+        super().__init__()
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        self.clip = clip
+        self.epsilon = epsilon
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self._numpy: tuple[Tensor, MeanStd] | None = None
+
+    @property
+    def numpy(self) -> MeanStd:
+        """The statistics as a ``MeanStd`` over views of the buffers (cached while they are
+        the same tensors; ``load_state_dict`` copies in place, so the views stay valid)."""
+        cached = self._numpy
+        # _buffers directly: nn.Module's attribute lookup is slow for a per-step call.
+        if cached is None or cached[0] is not self._buffers["mean"]:
+            arrays = (self.mean.numpy(), self.var.numpy(), self.count.numpy())
+            cached = self._numpy = (
+                self.mean,
+                MeanStd(arrays[0].shape, self.clip, self.epsilon, arrays),
+            )
+        return cached[1]
+
+    def update(self, batch: Tensor | np.ndarray) -> None:
+        """Fold in a batch of shape (B, *shape) (``MeanStd.update``)."""
+        self.numpy.update(batch.detach().numpy() if isinstance(batch, Tensor) else batch)
+
+    def stats(self) -> RunningStats:
+        """A copy of the statistics, for a policy snapshot."""
+        return self.numpy.stats()
+
+    def merge(self, delta: RunningStats) -> None:
+        """Fold in a runner's delta (``MeanStd.merge``): the learner's one way of taking in
+        observations."""
+        self.numpy.merge(delta)
+
+    def forward(self, x: Tensor) -> Tensor:
+        scale = torch.rsqrt(self.var.to(x.dtype) + self.epsilon)
+        return ((x - self.mean.to(x.dtype)) * scale).clamp(-self.clip, self.clip)
 
 
 def mlp(in_features: int, hidden_sizes: tuple[int, ...], activation: str) -> nn.Sequential:
@@ -276,7 +329,7 @@ class Policy(nn.Module):
         x = self.normalize(torch.as_tensor(flat))
         params = self.dist_params(x, mask_t)
         actions = self.head.mode(params) if deterministic else self.head.sample(params)
-        env_actions = spec.to_env(actions)
+        env_actions = spec.to_env(actions.numpy())
         return env_actions[0] if single else env_actions
 
     @torch.inference_mode()
@@ -402,7 +455,7 @@ class MultiAgentPolicy(nn.Module):
             mask_t = torch.as_tensor(mask) if mask is not None else None
             params = policy.dist_params(x, mask_t, agent)
             chosen = policy.head.mode(params) if deterministic else policy.head.sample(params)
-            for a, action in zip(present, group.spec.to_env(chosen), strict=True):
+            for a, action in zip(present, group.spec.to_env(chosen.numpy()), strict=True):
                 actions[a] = action
         return actions
 

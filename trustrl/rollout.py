@@ -70,7 +70,7 @@ class Rollout:
         num_rows: int,
         obs_dim: int,
         action_shape: tuple[int, ...],
-        action_dtype: torch.dtype,
+        action_dtype: type[np.float32] | type[np.int64],
         mask_dim: int | None = None,
         critic_dim: int | None = None,
         num_agents: int = 1,
@@ -82,7 +82,9 @@ class Rollout:
         self.critic_obs = torch.zeros((t, n, critic_dim)) if critic_dim is not None else None
         # (N,) agent index of each row: rows are (env, agent) pairs, agent fastest.
         self.agent = torch.arange(n) % num_agents
-        self.actions = torch.zeros((t, n, *action_shape), dtype=action_dtype)  # (T, N, *act)
+        self.actions = torch.from_numpy(
+            np.zeros((t, n, *action_shape), action_dtype)
+        )  # (T, N, *act)
         self.logprob = torch.zeros((t, n))  # (T, N), frozen at collection time
         self.values = torch.zeros((t, n))  # (T, N)
         self.rewards = torch.zeros((t, n))  # (T, N), after reward scaling

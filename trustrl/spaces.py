@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from trustrl.config import ConfigError
 
@@ -48,8 +47,9 @@ class SpaceSpec:
         return sum(self.nvec) if self.masked else None
 
     @property
-    def action_dtype(self) -> torch.dtype:
-        return torch.float32 if self.action_kind == "box" else torch.int64
+    def action_dtype(self) -> type[np.float32] | type[np.int64]:
+        """The dtype of sampled actions: float32 for a Box, int64 indices otherwise."""
+        return np.float32 if self.action_kind == "box" else np.int64
 
     @classmethod
     def from_spaces(
@@ -155,7 +155,7 @@ class SpaceSpec:
         obs = np.array(raw, dtype=np.float32).reshape(len(raw), self.obs_dim)
         return obs, mask
 
-    def to_env(self, actions: np.ndarray | torch.Tensor) -> np.ndarray:
+    def to_env(self, actions: np.ndarray) -> np.ndarray:
         """Sampled actions (B, *action_shape) -> what a vector env accepts.
 
         Box samples are clipped to the bounds here, on their way into the env only: the

@@ -43,7 +43,6 @@ from trustrl.distributions import (
     CategoricalHead,
     DiagGaussianHead,
     MultiCategoricalHead,
-    numpy_head,
 )
 from trustrl.losses import policy_terms, policy_terms_numpy, value_terms, value_terms_numpy
 from trustrl.optim import Adam, share_memory
@@ -251,7 +250,7 @@ class NumpyGradients:
         head: Any = self.policy.head
         spec = self.policy.spec
         log_std = head.log_std.detach().numpy() if isinstance(head, DiagGaussianHead) else None
-        self.head = numpy_head(spec.action_kind, spec.nvec, log_std)
+        self.head = kernels.numpy_head(spec.action_kind, spec.nvec, log_std)
         self.flat_grads: dict[str, Tensor] = {}
         grad_of: dict[int, tuple[str, np.ndarray]] = {}
         for key, opt in self.optimizers.items():
