@@ -36,8 +36,8 @@ def peak_rss_mib() -> float:
 
 
 def private_mib(pid: int) -> float:
-    """Memory only process ``pid`` holds (private pages; pages it shares with its parent
-    after fork are in the parent's RSS already)."""
+    """Memory only process ``pid`` holds (private pages; the pages it shares with other
+    processes, shared libraries and the shared-memory segments, are in their RSS)."""
     with open(f"/proc/{pid}/smaps_rollup") as f:
         fields = {line.split(":")[0]: int(line.split()[1]) for line in f if line.endswith("kB\n")}
     return (fields["Private_Clean"] + fields["Private_Dirty"]) / 1024.0

@@ -62,6 +62,7 @@ def test_updates_with_the_worker_are_the_same_bit_for_bit(space: str, options: d
     with_worker, _ = run_pair(space, options)
     worker = with_worker.gradients.worker  # type: ignore[attr-defined]
     assert worker is not None and worker.pid != os.getpid()
+    assert worker.steps >= 4  # the child computed the critic's shares
     with_worker.close()
     assert with_worker.gradients.worker is None  # type: ignore[attr-defined]
     with pytest.raises(ChildProcessError):
@@ -73,11 +74,27 @@ def test_messages_arrive_whether_the_reader_polls_or_blocks(
     poll_seconds: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each side polls its pipe for POLL_SECONDS, then blocks in select: either way alone
-    (the child forks after the patch, so both sides see it) gives the same updates."""
+    (the child is handed the patched value, so both sides see it) gives the same updates."""
     monkeypatch.setattr(critic_worker, "POLL_SECONDS", poll_seconds)
     with_worker, _ = run_pair("discrete", {"vf_clip_coef": 0.2})
     assert with_worker.gradients.worker is not None  # type: ignore[attr-defined]
     with_worker.close()
+
+
+def test_the_worker_is_a_fresh_interpreter_without_torch() -> None:
+    """Started by fork and exec (never a bare fork), it runs the worker module and maps
+    no torch: its memory is its own, not a copy of the trainer's."""
+    policy = make_policy("box")
+    update = PPOUpdate(
+        policy, PPOConfig(update_epochs=1, num_minibatches=2, critic_process=True), 0
+    )
+    update(policy, make_rollout(policy, "box"), 0.0)
+    pid = update.gradients.worker.pid  # type: ignore[attr-defined]
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        assert b"trustrl.updates.critic_worker" in f.read()
+    with open(f"/proc/{pid}/maps") as f:
+        assert "libtorch" not in f.read()
+    update.close()
 
 
 def test_the_worker_blocks_between_updates(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,17 +137,17 @@ def test_the_worker_reads_the_weights_the_optimizer_steps() -> None:
     policy = make_policy("discrete")
     update = PPOUpdate(policy, PPOConfig(critic_process=True), 0)
     flat = update.optimizers["all"].flat
-    assert flat.is_shared()
+    critic_worker.locate(flat.numpy())  # raises where it is not in shared memory
     start, end = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
     for p in policy.parameters():
         assert start <= p.data_ptr() < end
 
 
 def test_without_shared_memory_the_update_runs_in_one_process(monkeypatch) -> None:
-    def refuse(self: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError("unable to open shared memory object")
+    def refuse(name: str, flags: int = 0) -> int:
+        raise OSError(24, "Too many open files")
 
-    monkeypatch.setattr(torch.Tensor, "share_memory_", refuse)
+    monkeypatch.setattr(os, "memfd_create", refuse)
     policy = make_policy("discrete")
     with pytest.warns(RuntimeWarning, match="shared memory unavailable"):
         update = PPOUpdate(

@@ -8,19 +8,17 @@ import numpy as np
 import pytest
 import torch
 
+from trustrl.kernels import normalize_advantages_numpy, policy_terms_numpy, value_terms_numpy
 from trustrl.losses import (
     approx_kl,
     clip_fraction,
     clipped_surrogate,
     explained_variance,
     normalize_advantages,
-    normalize_advantages_numpy,
     policy_terms,
-    policy_terms_numpy,
     surrogate,
     value_loss,
     value_terms,
-    value_terms_numpy,
 )
 
 EPS = 0.2

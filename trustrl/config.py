@@ -277,7 +277,7 @@ class PPOConfig:
     norm_adv: bool = True
     """Normalize advantages per minibatch."""
     critic_process: bool = False
-    """Compute the critic's share of each minibatch step in a forked second process that polls while an update runs (numpy gradients, Linux, 2+ CPUs): identical results, faster updates where a core is otherwise idle. Off by default: forking without exec is unsafe beside threads (notebooks, Ray actors) and the poll takes a core (docs/performance.md)."""
+    """Compute the critic's share of each minibatch step in a second process (a fresh interpreter, numpy only) that polls while an update runs (numpy gradients, Linux, 2+ CPUs): identical results, faster updates where a core is otherwise idle. Off by default: the poll takes a core, which several trainings side by side need (docs/performance.md)."""
 
     @property
     def separate_optimizers(self) -> bool:

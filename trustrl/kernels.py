@@ -399,3 +399,74 @@ def numpy_head(
         assert log_std is not None
         return NumpyGaussian(log_std)
     return NumpyCategorical(nvec)
+
+
+# The losses' numpy twins (losses.py holds the torch forms): each also returns the
+# derivative the hand-written backward pass starts from.
+
+
+def policy_terms_numpy(
+    logprob: np.ndarray,
+    old_logprob: np.ndarray,
+    advantages: np.ndarray,
+    entropy: float,
+    clip_coef: float,
+    norm_adv: bool = True,
+) -> tuple[dict[str, float], np.ndarray]:
+    """``policy_terms`` in numpy, and d loss/policy / d logprob (rows,); ``entropy`` is the
+    minibatch's mean (the numpy heads' ``terms`` give it so).
+
+    Means as sums / n throughout: ndarray.mean's Python wrapper costs more than the
+    arithmetic on a minibatch."""
+    n = len(logprob)
+    if norm_adv:
+        advantages = normalize_advantages_numpy(advantages)
+    log_ratio = logprob - old_logprob
+    ratio = np.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped = np.minimum(np.maximum(ratio, 1.0 - clip_coef), 1.0 + clip_coef) * advantages
+    terms = {
+        "loss/policy": -float(np.minimum(unclipped, clipped).sum()) / n,
+        "loss/entropy": entropy,
+        "diag/approx_kl": (float(ratio.sum()) - n - float(log_ratio.sum())) / n,
+        "diag/clip_fraction": np.count_nonzero(np.abs(ratio - 1.0) > clip_coef) / n,
+    }
+    # The unclipped branch's gradient where min picks it (ties too: both branches then
+    # carry the same gradient), zero where the clipped one is flat.
+    d_logprob = np.where(unclipped <= clipped, -(advantages * ratio) / n, np.float32(0.0))
+    return terms, d_logprob.astype(np.float32, copy=False)
+
+
+def value_terms_numpy(
+    values: np.ndarray, old_values: np.ndarray, returns: np.ndarray, clip_coef: float | None
+) -> tuple[dict[str, float], np.ndarray]:
+    """``value_terms`` in numpy, and d loss/value / d values (rows,)."""
+    n = len(values)
+    error = values - returns
+    unclipped = error * error
+    d_values = (2.0 / n) * error
+    if clip_coef is None:
+        loss = float(unclipped.sum()) / n
+    else:
+        clipped_values = old_values + np.clip(values - old_values, -clip_coef, clip_coef)
+        clipped_error = clipped_values - returns
+        clipped = clipped_error * clipped_error
+        loss = float(np.maximum(unclipped, clipped).sum()) / n
+        inside = np.abs(values - old_values) <= clip_coef
+        d_clipped = (2.0 / n) * clipped_error * inside
+        # torch.max's gradient: the larger branch's, split evenly on a tie.
+        d_values = np.where(
+            unclipped > clipped,
+            d_values,
+            np.where(unclipped < clipped, d_clipped, 0.5 * (d_values + d_clipped)),
+        )
+    return {"loss/value": loss}, d_values.astype(np.float32, copy=False)
+
+
+def normalize_advantages_numpy(advantages: np.ndarray) -> np.ndarray:
+    """``normalize_advantages`` in numpy (float sums: see ``policy_terms_numpy``)."""
+    n = len(advantages)
+    centered = advantages - float(advantages.sum()) / n
+    if n < 2:
+        return centered
+    return centered / (math.sqrt(float(centered @ centered) / (n - 1)) + 1e-8)

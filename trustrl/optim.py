@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from trustrl.updates import critic_worker
+
 
 class Adam:
     """Adam over parameters that live in one flat buffer.
@@ -49,7 +51,7 @@ class Adam:
         self.param_groups: list[dict[str, Any]] = [
             {"params": list(params), "lr": lr, "betas": betas, "eps": eps}
         ]
-        # The flat weights in shared memory, for a forked process to read (see
+        # The flat weights in shared memory, for the critic's worker process to read (see
         # updates/critic_worker.py): allocated so from the start, as moving a tensor there
         # later would leave any numpy view of it pointing at freed memory.
         self.shared = shared
@@ -66,7 +68,10 @@ class Adam:
         params = self.params
         self.flat = torch.cat([p.detach().reshape(-1) for p in params])
         if self.shared:
-            self.shared = share_memory(self.flat)
+            flat = shared_zeros(self.flat)
+            self.shared = flat is not None
+            if flat is not None:
+                self.flat = flat.copy_(self.flat)
         if exp_avg.numel() == 0:
             exp_avg, exp_avg_sq = torch.zeros_like(self.flat), torch.zeros_like(self.flat)
         self.exp_avg, self.exp_avg_sq = exp_avg.contiguous(), exp_avg_sq.contiguous()
@@ -215,19 +220,19 @@ class Adam:
         )
 
 
-def share_memory(tensor: Tensor) -> bool:
-    """Move a tensor's storage into shared memory (``Tensor.share_memory_``); False, with
-    a warning, where the system refuses (a small ``/dev/shm`` in a container)."""
+def shared_zeros(like: Tensor) -> Tensor | None:
+    """Zeros shaped like ``like`` in memory PPO's critic process maps
+    (``critic_worker.shared_array``); None, with a warning, where the system refuses."""
     try:
-        tensor.share_memory_()
-    except RuntimeError as exc:
+        array = critic_worker.shared_array(tuple(like.shape), like.numpy().dtype)
+    except OSError as exc:
         warnings.warn(
             f"shared memory unavailable ({exc}); PPO's critic runs in the trainer's process",
             RuntimeWarning,
             stacklevel=2,
         )
-        return False
-    return True
+        return None
+    return torch.from_numpy(array)
 
 
 def clip_grad_norm(grad: Tensor, max_norm: float) -> float:

@@ -74,11 +74,8 @@ def _set_aside_from_gc() -> None:
 
     They are nearly all the imported modules' (torch alone brings about a million), and a
     full scan of them took 67 ms here, the first one landing in the build or the first
-    iterations of every run. Python's documentation advises the same before a fork
-    without exec, which the critic worker is (updates/critic_worker.py): a scan in the
-    child would write to every object's header and so copy its memory page. Objects
-    still free themselves by reference counting; only cycles among them wait for the
-    unfreeze.
+    iterations of every run. Objects still free themselves by reference counting; only
+    cycles among them wait for the unfreeze.
     """
     gc.freeze()
 

@@ -44,11 +44,11 @@ from trustrl.distributions import (
     DiagGaussianHead,
     MultiCategoricalHead,
 )
-from trustrl.losses import policy_terms, policy_terms_numpy, value_terms, value_terms_numpy
-from trustrl.optim import Adam, share_memory
+from trustrl.losses import policy_terms, value_terms
+from trustrl.optim import Adam, shared_zeros
 from trustrl.policy import Policy
 from trustrl.rollout import Batch, NumpyBatch
-from trustrl.updates.critic_worker import CriticWorker
+from trustrl.updates.critic_worker import CriticShare, CriticWorker
 
 Terms = dict[str, float]
 Grads = dict[str, Tensor]
@@ -254,9 +254,10 @@ class NumpyGradients:
         self.flat_grads: dict[str, Tensor] = {}
         grad_of: dict[int, tuple[str, np.ndarray]] = {}
         for key, opt in self.optimizers.items():
-            flat = torch.zeros_like(opt.flat)
-            if self.shared:  # before any view of it is taken
-                self.shared = share_memory(flat)
+            flat = shared_zeros(opt.flat) if self.shared else None  # before any view
+            if flat is None:
+                self.shared = False
+                flat = torch.zeros_like(opt.flat)
             self.flat_grads[key] = flat
             for param, view in zip(opt.params, opt.views(flat), strict=True):
                 grad_of[id(param)] = (key, view.numpy())
@@ -274,8 +275,9 @@ class NumpyGradients:
         owned = log_std is not None and id(head.log_std) in grad_of  # not TRPO's critic fit
         self.log_std_grad = grad_of[id(head.log_std)][1] if owned else None
         # The critic's loss counts vf_coef times where one optimizer holds both networks.
-        self.value_scale = np.float32(
-            self.config.vf_coef if self.actor_key == self.critic_key else 1.0
+        value_scale = self.config.vf_coef if self.actor_key == self.critic_key else 1.0
+        self.critic_step = CriticShare(
+            self.critic, self.critic_grads, self.activation, self.config.vf_clip_coef, value_scale
         )
 
     def minibatches(
@@ -327,7 +329,7 @@ class NumpyGradients:
         actor's gradient into its flat buffer."""
         hidden = kernels.forward(self.actor, self.activation, mb.obs)
         logprob, entropy, residuals = self.head.terms(hidden[-1], mb.actions, mb.action_mask)
-        named, d_logprob = policy_terms_numpy(
+        named, d_logprob = kernels.policy_terms_numpy(
             logprob, mb.logprob, mb.advantages, entropy, clip_coef, self.config.norm_adv
         )
         terms.update(named)
@@ -346,13 +348,7 @@ class NumpyGradients:
     def critic_share(self, obs: np.ndarray, returns: np.ndarray, old_values: np.ndarray) -> float:
         """The critic's whole share of a minibatch: its value loss, returned, and its
         gradient, written into the flat buffer (what a worker process runs)."""
-        hidden = kernels.forward(self.critic, self.activation, obs)
-        named, d_values = value_terms_numpy(
-            hidden[-1][:, 0], old_values, returns, self.config.vf_clip_coef
-        )
-        d_out = (self.value_scale * d_values)[:, None]
-        kernels.backward(self.critic, self.activation, hidden, d_out, self.critic_grads)
-        return named["loss/value"]
+        return self.critic_step(obs, returns, old_values)
 
     # The critic's share in a second process (critic_worker.py).
 
@@ -367,7 +363,10 @@ class NumpyGradients:
             self.close()
             # Room to spare: a rollout's valid rows, and so its minibatches, vary in size.
             dtype = self.critic[0].weight.dtype
-            self.worker = CriticWorker(self.critic_share, 2 * n, mb.obs.shape[1], dtype)
+            weights = [
+                (m.weight.detach().numpy(), m.bias.detach().numpy()) for m in self.critic_modules
+            ]
+            self.worker = CriticWorker(self.critic_step, weights, 2 * n, mb.obs.shape[1], dtype)
         if self.worker.submit(mb.obs, mb.returns, mb.values):
             return True
         self._lose_worker()
