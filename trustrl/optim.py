@@ -13,6 +13,7 @@ checkpoints written with either load in both.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Iterable
@@ -72,13 +73,19 @@ class Adam:
             self.shared = flat is not None
             if flat is not None:
                 self.flat = flat.copy_(self.flat)
-        if exp_avg.numel() == 0:
-            exp_avg, exp_avg_sq = torch.zeros_like(self.flat), torch.zeros_like(self.flat)
-        self.exp_avg, self.exp_avg_sq = exp_avg.contiguous(), exp_avg_sq.contiguous()
+        # Both moments in one (2, n) buffer, so that a step updates them together: a
+        # step's cost is mostly numpy's per-call overhead, not the arithmetic.
+        self.moments = torch.zeros((2, self.flat.numel()), dtype=self.flat.dtype)
+        if exp_avg.numel():
+            self.moments[0] = exp_avg
+            self.moments[1] = exp_avg_sq
+        self.exp_avg, self.exp_avg_sq = self.moments[0], self.moments[1]
         self.sizes = [p.numel() for p in params]
         for p, view in zip(params, self.views(self.flat), strict=True):
             p.data = view
-        self._denom = torch.empty_like(self.flat)  # the step's denominator, reused
+        self._scratch = torch.empty_like(self.moments)  # the step's temporaries, reused
+        self._arrays: tuple[Tensor, np.ndarray, np.ndarray] | None = None
+        self._grad_seen: tuple[Tensor, np.ndarray] | None = None
 
     def views(self, flat: Tensor) -> list[Tensor]:
         """A flat tensor cut into one view per parameter, shaped like it."""
@@ -131,29 +138,38 @@ class Adam:
         (beta1, beta2), eps, lr = group["betas"], group["eps"], group["lr"]
         self.steps += 1
         # In numpy on views of the flat tensors: between the numpy gradients' calls the
-        # same seven ops in torch cost about half again as much (dispatch), and ATen's
-        # fused kernel is reachable only through a private function.
-        param, grad_ = self.flat.numpy(), grad.numpy()
-        exp_avg, exp_avg_sq, denom = (
-            self.exp_avg.numpy(),
-            self.exp_avg_sq.numpy(),
-            self._denom.numpy(),
-        )
-        exp_avg *= beta1
-        np.multiply(grad_, 1.0 - beta1, out=denom)
-        exp_avg += denom
-        exp_avg_sq *= beta2
-        np.multiply(grad_, grad_, out=denom)
-        denom *= 1.0 - beta2
-        exp_avg_sq += denom
+        # same ops in torch cost about half again as much (dispatch), and ATen's fused
+        # kernel is reachable only through a private function. Ten numpy calls: the
+        # moments step together, and the bias corrections fold into two scalars,
+        # lr sqrt(bc2) / bc1 * m / (sqrt(v) + eps sqrt(bc2)), which is torch's
+        # lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps) rearranged.
+        param, moments, scratch = self._numpy()
+        seen = self._grad_seen
+        if seen is None or seen[0] is not grad:  # the numpy gradients hand the same tensor
+            seen = self._grad_seen = (grad, grad.numpy())
+        g = seen[1]
+        decay, gain = _beta_columns(beta1, beta2, moments.dtype)
+        moments *= decay
+        np.copyto(scratch[0], g)
+        np.multiply(g, g, out=scratch[1])
+        scratch *= gain
+        moments += scratch
         bias_correction1 = 1.0 - beta1**self.steps
         bias_correction2_sqrt = math.sqrt(1.0 - beta2**self.steps)
-        np.sqrt(exp_avg_sq, out=denom)
-        denom *= 1.0 / bias_correction2_sqrt
-        denom += eps
-        np.divide(exp_avg, denom, out=denom)
-        denom *= -lr / bias_correction1
+        denom = scratch[0]
+        np.sqrt(moments[1], out=denom)
+        denom += eps * bias_correction2_sqrt
+        np.divide(moments[0], denom, out=denom)
+        denom *= -lr * bias_correction2_sqrt / bias_correction1
         param += denom
+
+    def _numpy(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Numpy views of the flat weights, the moments and the scratch buffer (made again
+        when the flat buffer was, by ``grow`` or a new optimizer state layout)."""
+        if self._arrays is None or self._arrays[0] is not self.flat:
+            self._arrays = (self.flat, self.flat.numpy(), self.moments.numpy())
+            self._scratch_array = self._scratch.numpy()
+        return self._arrays[1], self._arrays[2], self._scratch_array
 
     def grow(self, grown: list[tuple[nn.Parameter, nn.Parameter, int]]) -> None:
         """After ``Policy.register_agent`` replaced parameters with grown ones (old, new,
@@ -218,6 +234,15 @@ class Adam:
         self.exp_avg_sq.copy_(
             torch.cat([entries[i]["exp_avg_sq"].reshape(-1) for i in range(len(entries))])
         )
+
+
+@functools.cache  # a handful of (betas, dtype) per process
+def _beta_columns(beta1: float, beta2: float, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(beta1, beta2) and (1 - beta1, 1 - beta2) as columns, one per moment (read-only)."""
+    decay = np.array([[beta1], [beta2]], dtype=dtype)
+    gain = np.array([[1.0 - beta1], [1.0 - beta2]], dtype=dtype)
+    decay.flags.writeable = gain.flags.writeable = False
+    return decay, gain
 
 
 def shared_zeros(like: Tensor) -> Tensor | None:

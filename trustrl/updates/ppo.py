@@ -160,17 +160,20 @@ class PPOUpdate:
     ) -> None:
         """A step of each optimizer with a gradient, unless a loss term or that gradient is
         non-finite (counted in ``skipped`` and left out)."""
-        losses = {k.removeprefix("loss/"): v for k, v in terms.items() if k.startswith("loss/")}
-        bad = [name for name, value in losses.items() if not math.isfinite(value)]
-        for name in bad:
-            skipped[name] = skipped.get(name, 0) + 1
+        bad = False
+        for term in LOSS_TERMS:
+            value = terms.get(term)
+            if value is not None and not math.isfinite(value):
+                name = term.removeprefix("loss/")
+                skipped[name] = skipped.get(name, 0) + 1
+                bad = True
         if bad:
             return
-        if "policy" in losses:
-            stats["pi"].append(losses["policy"])
-            stats["entropy"].append(losses["entropy"])
-        if "value" in losses:
-            stats["vf"].append(losses["value"])
+        if "loss/policy" in terms:
+            stats["pi"].append(terms["loss/policy"])
+            stats["entropy"].append(terms["loss/entropy"])
+        if "loss/value" in terms:
+            stats["vf"].append(terms["loss/value"])
         for key, opt in self.optimizers.items():
             if key not in grads:
                 continue
@@ -179,6 +182,10 @@ class PPOUpdate:
                 skipped["gradient"] = skipped.get("gradient", 0) + 1
                 continue
             opt.step(grads[key])
+
+
+# The loss terms a gradient step's terms may hold (the rest are diagnostics).
+LOSS_TERMS = ("loss/policy", "loss/entropy", "loss/value")
 
 
 def _mean(values: list[float]) -> float:
