@@ -552,3 +552,18 @@ def test_serve_says_what_it_needs(capsys, tmp_path: Path) -> None:
     assert code == 2 and "keeps no env state" in err
     code, _, err = run_cli(["serve", "CartPole-v1", "--agent.queue-size", "0"], capsys)
     assert code == 2 and "agent.queue_size" in err
+
+
+def test_a_reader_that_goes_away_gets_no_traceback() -> None:
+    """`trustrl train --help | head -1`: the pipe closes under the help text."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "trustrl.cli", "train", "--help"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.read(10)
+    child.stdout.close()  # the reader is gone before the help is written out
+    stderr = child.stderr.read().decode()
+    child.wait(60)
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
 import sys
@@ -468,6 +469,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return COMMANDS[command](rest)
+    except BrokenPipeError:
+        # The reader went away (`trustrl train --help | head`): nothing more to say, and
+        # Python's flush at exit would raise again, so stdout goes to /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (ConfigError, CheckpointError, UsageError, RayUnavailableError) as exc:
         print(f"trustrl: error: {exc}", file=sys.stderr)
         return 2
