@@ -6,16 +6,15 @@ both. The two networks share nothing before the clip, so where a second core is 
 the critic's share (``CriticShare``: a plain callable on numpy arrays) runs there: a
 worker process reads the critic's weights and writes its gradient in shared memory,
 while this process does the actor's. A step then takes about as long as the actor's
-share alone (0.73x the time at 256 rows of 64 units, 0.62x at 1,024 rows of 32:
-``docs/performance.md``). The results are the same bit for bit: the same numpy calls on
+share alone (``docs/performance.md`` has the measurements). The results are the same bit for bit: the same numpy calls on
 the same numbers, in another process.
 
-* Why a process: a second thread took 1.6x as long, as the GIL passes between the two
+* Why a process: a second thread was slower than one, as the GIL passes between the two
   threads at every numpy call; two processes share no lock.
 * How it starts: a fresh interpreter (``python -m trustrl.updates.critic_worker``, fork
   and exec by ``subprocess``), never a fork without exec, which is unsafe beside threads
-  (notebooks, a progress bar's, Ray's). It imports numpy and ``kernels`` only, no torch
-  (0.2 s and 17 MiB of its own, measured). It is handed the shared memory as file descriptors
+  (notebooks, a progress bar's, Ray's). It imports numpy and ``kernels`` only, no torch,
+  so it starts in a fraction of a second with little memory of its own. It is handed the shared memory as file descriptors
   (``pass_fds``) and a JSON description of where each array lies in it.
 * The shared memory: ``shared_array`` allocates in a ``memfd`` (Linux), which a process
   given its descriptor maps; ``Adam(shared=True)`` and ``NumpyGradients(shared=True)``
@@ -25,8 +24,8 @@ the same numbers, in another process.
   into shared buffers and their count goes down a pipe; one byte comes back when the
   loss is in its shared slot and the gradient in the optimizer's flat buffer.
 * Waiting: each side polls its end of the pipe for ``POLL_SECONDS`` before it blocks on
-  it. A process blocked in ``read`` is woken through the scheduler, which took 20-35 µs
-  a message here (a VM's idle vCPU), about a tenth of a minibatch step; one that polls
+  it. A process blocked in ``read`` is woken through the scheduler, which on a VM's idle
+  vCPU costs a sizeable share of a minibatch step; one that polls
   sees the message within a microsecond, and its writer makes no wake-up call. The
   messages still travel through the pipe, so the kernel orders the shared memory's
   writes before the reads on any CPU. At the end of an update the trainer sends
@@ -63,8 +62,7 @@ from trustrl import kernels
 REPLY_TIMEOUT_SECONDS = 60.0
 
 # How long a reader polls the pipe before it blocks: longer than the gap between two
-# minibatch steps (tens to hundreds of µs). 0.5 ms took case 6's updates from 4.6 to
-# 10.9 ms, interleaved in one process (docs/performance.md).
+# minibatch steps, or every message pays a wake-up (docs/performance.md).
 POLL_SECONDS = 0.002
 
 READY, DONE = b"\x01", b"\x00"
