@@ -786,21 +786,40 @@ def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "processor": processor, "platform": platform.platform()}
 
 
+def nominal(budget: int) -> int:
+    """A budget to the nearest 10,000 env steps: presets train whole iterations, so "1M"
+    is 999,424 steps for one and 999,936 for another, and a retuned preset's cell is the
+    same cell as its predecessor's."""
+    return round(budget, -4)
+
+
 def carried_cells(
     json_path: Path, cells: list[dict[str, Any]], seeds: list[int]
 ) -> list[dict[str, Any]]:
     """The cells of the report already written whose runs are not under this run root (a
     machine that lost its run folders keeps their measurements), marked ``carried``; a
-    cell measured now replaces its old one."""
+    cell measured now replaces its old one (same algorithm, env and nominal budget)."""
     if not json_path.is_file():
         return []
-    fresh = {(c["algo"], c["env_id"], c["budget"]) for c in cells}
+    fresh = {(c["algo"], c["env_id"], nominal(c["budget"])) for c in cells}
     old = json.loads(json_path.read_text()).get("cells", [])
     return [
         {**c, "carried": True}
         for c in old
-        if (c["algo"], c["env_id"], c["budget"]) not in fresh and c["seeds"] == seeds
+        if (c["algo"], c["env_id"], nominal(c["budget"])) not in fresh and c["seeds"] == seeds
     ]
+
+
+def carried_image(cell: dict[str, Any], folder: Path) -> Path | None:
+    """The curve a carried cell was drawn in: the one its record names, else (records
+    written before they named it) the env's image for its algorithm alone, else the env's."""
+    if cell.get("image"):
+        return folder / cell["image"]
+    name = cell["env_id"].replace(":", "_")
+    for candidate in (folder / f"{name}__{cell['algo']}.png", folder / f"{name}.png"):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 def report(args: argparse.Namespace) -> None:
@@ -809,14 +828,21 @@ def report(args: argparse.Namespace) -> None:
     carried = carried_cells(args.doc.with_suffix(".json"), cells, args.seeds)
     keep = {c["env_id"] for c in carried}  # their images stay; new curves go beside them
     plots = draw_plots(cells, args.plots, args.doc, keep) if args.plots and cells else {}
+    for cell in cells:  # the image each fresh cell's curve is in, for a later carry-over
+        for label, (image, _) in plots.items():
+            if label.split(" (")[0] == cell["env_id"]:
+                cell["image"] = Path(image).name
+    drawn = {image for image, _ in plots.values()}
+    shared: dict[Path, list[dict[str, Any]]] = {}  # carried cells by the image they are in
     for cell in carried:  # their curves were drawn then, from the same runs
-        image = args.plots / f"{cell['env_id'].replace(':', '_')}.png" if args.plots else None
-        if image is not None and image.is_file() and cell["env_id"] not in plots:
-            command = (
-                f"trustrl plot {' '.join(cell['run_dirs'])} --smooth {SMOOTH} --out "
-                f"{relative(image)}"
-            )
-            plots[cell["env_id"]] = (os.path.relpath(image, args.doc.parent), command)
+        image = carried_image(cell, args.plots) if args.plots else None
+        if image is not None and os.path.relpath(image, args.doc.parent) not in drawn:
+            shared.setdefault(image, []).append(cell)
+    for image, group in shared.items():
+        run_dirs = [d for cell in group for d in cell["run_dirs"]]
+        command = f"trustrl plot {' '.join(run_dirs)} --smooth {SMOOTH} --out {relative(image)}"
+        label = f"{group[0]['env_id']} ({', '.join(c['algo'] for c in group)})"
+        plots[label] = (os.path.relpath(image, args.doc.parent), command)
     cells = sorted(cells + carried, key=lambda c: cell_order(c["algo"], c["env_id"], c["budget"]))
     multi = multiagent_rows(args.multiagent) if args.multiagent else []
     refs = reference_scores(args.multiagent) if args.multiagent else {}

@@ -41,8 +41,8 @@ def finish(quality, root: Path, algo: str, env_id: str, seed: int, score: float,
             "total_steps": None,
             "eval_every": 10,
         },
-        "budget": config.total_steps,
-        "env_steps": config.total_steps,
+        "budget": extra.get("budget", config.total_steps),
+        "env_steps": extra.get("budget", config.total_steps),
         "setup_s": 5.0,
         "train_s": 1195.0,
         "wall_s": 1200.0,
@@ -139,7 +139,7 @@ def test_cells_whose_runs_are_gone_are_carried_over_and_new_ones_replace_theirs(
     assert "| ppo † | Hopper-v5 |" in text and "| trpo | Hopper-v5 |" in text
     assert "| ppo | Walker2d-v5 | 999,936 | **4,000.0** |" in text  # replaced, not carried
     assert "1,000.0" not in text
-    assert "![Hopper-v5](quality/Hopper-v5.png)" in text  # the carried cell's curve, kept
+    assert "![Hopper-v5 (ppo)](quality/Hopper-v5.png)" in text  # the carried cell's curve
     assert "![Hopper-v5 (trpo)](quality/Hopper-v5__trpo.png)" in text
     data = json.loads(doc.with_suffix(".json").read_text())
     assert [(c["algo"], c["env_id"], c.get("carried", False)) for c in data["cells"]] == [
@@ -147,3 +147,14 @@ def test_cells_whose_runs_are_gone_are_carried_over_and_new_ones_replace_theirs(
         ("trpo", "Hopper-v5", False),
         ("ppo", "Walker2d-v5", False),
     ]
+    # A third machine, where a retuned PPO Hopper preset runs 1,000,000 steps rather than
+    # 999,424 (whole iterations of another size): the same cell, replaced; TRPO Hopper is
+    # carried with the curve its record names.
+    third = tmp_path / "third"
+    for seed in quality.SEEDS:
+        finish(quality, third, "ppo", "Hopper-v5", seed, 2500.0, budget=1_000_000)
+    assert quality.main([*argv, "--run-root", str(third)]) == 0
+    text = doc.read_text()
+    assert "| ppo | Hopper-v5 | 1,000,000 | **2,500.0** |" in text and "2,000.0" not in text
+    assert "| trpo † | Hopper-v5 |" in text
+    assert "![Hopper-v5 (trpo)](quality/Hopper-v5__trpo.png)" in text

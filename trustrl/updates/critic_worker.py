@@ -6,16 +6,17 @@ both. The two networks share nothing before the clip, so where a second core is 
 the critic's share (``CriticShare``: a plain callable on numpy arrays) runs there: a
 worker process reads the critic's weights and writes its gradient in shared memory,
 while this process does the actor's. A step then takes about as long as the actor's
-share alone (``docs/performance.md`` has the measurements). The results are the same bit for bit: the same numpy calls on
-the same numbers, in another process.
+share alone (``docs/performance.md`` has the measurements). The results are the same bit
+for bit: the same numpy calls on the same numbers, in another process.
 
 * Why a process: a second thread was slower than one, as the GIL passes between the two
   threads at every numpy call; two processes share no lock.
 * How it starts: a fresh interpreter (``python -m trustrl.updates.critic_worker``, fork
   and exec by ``subprocess``), never a fork without exec, which is unsafe beside threads
   (notebooks, a progress bar's, Ray's). It imports numpy and ``kernels`` only, no torch,
-  so it starts in a fraction of a second with little memory of its own. It is handed the shared memory as file descriptors
-  (``pass_fds``) and a JSON description of where each array lies in it.
+  so it starts in a fraction of a second with little memory of its own. It is handed the
+  shared memory as file descriptors (``pass_fds``) and a JSON description of where each
+  array lies in it.
 * The shared memory: ``shared_array`` allocates in a ``memfd`` (Linux), which a process
   given its descriptor maps; ``Adam(shared=True)`` and ``NumpyGradients(shared=True)``
   allocate the flat weights and gradients there from the start (moving a tensor there
