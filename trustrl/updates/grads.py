@@ -276,6 +276,7 @@ class NumpyGradients:
         self.log_std_grad = grad_of[id(head.log_std)][1] if owned else None
         # The critic's loss counts vf_coef times where one optimizer holds both networks.
         value_scale = self.config.vf_coef if self.actor_key == self.critic_key else 1.0
+        # The critic's whole share of a minibatch (what a worker process runs too).
         self.critic_step = CriticShare(
             self.critic, self.critic_grads, self.activation, self.config.vf_clip_coef, value_scale
         )
@@ -309,7 +310,7 @@ class NumpyGradients:
         if fit_value:
             value = self._collect() if submitted else None
             if value is None:
-                value = self.critic_share(mb.obs, mb.returns, mb.values)
+                value = self.critic_step(mb.obs, mb.returns, mb.values)
             terms["loss/value"] = value
         if self.actor_key == self.critic_key and fit_actor != fit_value:
             # One optimizer, one network fitted: the other's gradient is 0.
@@ -344,11 +345,6 @@ class NumpyGradients:
             assert self.log_std_grad is not None
             self.log_std_grad[...] = d_log_std
         return False
-
-    def critic_share(self, obs: np.ndarray, returns: np.ndarray, old_values: np.ndarray) -> float:
-        """The critic's whole share of a minibatch: its value loss, returned, and its
-        gradient, written into the flat buffer (what a worker process runs)."""
-        return self.critic_step(obs, returns, old_values)
 
     # The critic's share in a second process (critic_worker.py).
 
