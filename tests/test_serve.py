@@ -135,7 +135,7 @@ def test_two_processes_train_one_cartpole_policy_to_475(tmp_path: Path, cluster,
     # Twice the preset's budget (it still stops at the first evaluation at 475): agents
     # that act on their own clocks make this run's data depend on timing, and one CI run
     # in about fifteen, on a loaded machine, spent the preset's 49,920 steps at 384.
-    # Measured here under a 2-core load: solved after 4,479-25,219 env steps (8 of 8).
+    # Measured here under a 2-core load: solved after 4,479-25,219 env steps (9 of 9).
     learner = start(
         serve(run_dir, "cartpole", address, "CartPole-v1", "--seed", "5", "--total-steps", "99840"),
         env,
