@@ -680,12 +680,17 @@ def render(
             "zoo settings, same steps here |",
             "| --- | --- | --- | --- | --- | --- | --- |",
         ]
-        peers = {(c["env_id"], c["budget"]): c for c in cells if c["algo"] == SB3}
+        # By nominal budget: the peer's 1M is SB3's, a preset's is rounded to its iterations.
+        peers = {(c["env_id"], nominal(c["budget"])): c for c in cells if c["algo"] == SB3}
         for cell in timed:
             times = cell["time_to_zoo_s"]
             reached = [t for t in times if t is not None]
             median = float(np.median(reached)) if len(reached) == len(times) else None
-            peer = peers.get((cell["env_id"], cell["budget"])) if cell["algo"] == "ppo" else None
+            peer = (
+                peers.get((cell["env_id"], nominal(cell["budget"])))
+                if cell["algo"] == "ppo"
+                else None
+            )
             peer_text = (
                 f"{minutes(float(np.mean(peer['wall_s'])))} (eval {fmt(peer['mean'])})"
                 if peer
