@@ -642,10 +642,11 @@ def render(
             target = solved
         met = "-" if target is None else ("yes" if cell["mean"] >= target else "**no**")
         steps = sorted(set(cell["env_steps"]))
+        # An early stop (a preset's target) against whole iterations either side of the budget.
+        early = any(nominal(s) < nominal(cell["budget"]) for s in steps)
+        ran = ", ".join(f"{s:,}" for s in cell["env_steps"])
         step_text = f"{cell['budget']:,}" + (
-            f" (stopped at {', '.join(f'{s:,}' for s in cell['env_steps'])})"
-            if steps != [cell["budget"]]
-            else ""
+            f" ({'stopped at' if early else 'ran'} {ran})" if steps != [cell["budget"]] else ""
         )
         mark = " †" if cell.get("carried") else ""
         lines.append(

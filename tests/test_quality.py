@@ -42,7 +42,7 @@ def finish(quality, root: Path, algo: str, env_id: str, seed: int, score: float,
             "eval_every": 10,
         },
         "budget": extra.get("budget", config.total_steps),
-        "env_steps": extra.get("budget", config.total_steps),
+        "env_steps": extra.get("env_steps", extra.get("budget", config.total_steps)),
         "setup_s": 5.0,
         "train_s": 1195.0,
         "wall_s": 1200.0,
@@ -89,7 +89,9 @@ def test_report_writes_the_table_from_finished_runs(
         finish(quality, runs, "ppo", "Hopper-v5", seed, score, evals=evals[seed])
     finish(quality, runs, "ppo", "Hopper-v5", 7, 9999.0)  # a tuning seed: not in the table
     # The zoo's budget, not the preset's whole iterations: matched by nominal budget.
-    finish(quality, runs, quality.SB3, "Hopper-v5", 101, 2200.0, budget=1_000_000)
+    finish(
+        quality, runs, quality.SB3, "Hopper-v5", 101, 2200.0, budget=1_000_000, env_steps=1_000_448
+    )
     doc = tmp_path / "docs" / "quality.md"
     argv = ["--report-only", "--run-root", str(runs), "--doc", str(doc)]
     assert quality.main([*argv, "--plots", str(tmp_path / "docs" / "quality")]) == 0
@@ -102,7 +104,8 @@ def test_report_writes_the_table_from_finished_runs(
     assert "| 20.0 min | 2,410 (SB3 zoo); 2,609 (Tianshou); 2,052 (CleanRL) | 2,800 | **no** |" in (
         text
     )
-    assert "| sb3-ppo | Hopper-v5 | 1,000,000 | **2,200.0** |" in text
+    # SB3 trains whole rollouts past the budget: that is no early stop.
+    assert "| sb3-ppo | Hopper-v5 | 1,000,000 (ran 1,000,448) | **2,200.0** |" in text
     assert (
         "| ppo | Hopper-v5 | 2,410 | 20,480 env steps | 10.0 min / not reached / 15.0 min | "
         "not every seed | 20.0 min (eval 2,200.0) |" in text
