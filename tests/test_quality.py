@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import sys
@@ -11,7 +12,6 @@ import pytest
 
 import trustrl
 from trustrl.config import config_to_dict
-from trustrl.logging import ProgressFile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,7 +28,8 @@ def quality():
 
 
 def finish(quality, root: Path, algo: str, env_id: str, seed: int, score: float, **extra) -> Path:
-    """A run folder as the worker leaves it: quality.json (and a progress file)."""
+    """A run folder as the worker leaves it: quality.json (and a progress file whose
+    training curve rises to ``score``, or follows ``extra["curve"]``)."""
     job = quality.Job(algo, env_id, seed, None, 10)
     folder = root / job.name
     folder.mkdir(parents=True)
@@ -42,6 +43,7 @@ def finish(quality, root: Path, algo: str, env_id: str, seed: int, score: float,
             "eval_every": 10,
         },
         "budget": extra.get("budget", config.total_steps),
+        "preset_budget": extra.get("preset_budget", extra.get("budget", config.total_steps)),
         "env_steps": extra.get("env_steps", extra.get("budget", config.total_steps)),
         "setup_s": 5.0,
         "train_s": 1195.0,
@@ -53,10 +55,12 @@ def finish(quality, root: Path, algo: str, env_id: str, seed: int, score: float,
         "config": config_to_dict(trustrl.resolve(env_id, "ppo", overrides={"eval_every": 10})),
     }
     quality.write_record(folder, record)
-    progress = ProgressFile(folder / "progress.csv")
-    for i in range(1, 4):
-        progress.write({"env_steps": 1000.0 * i, "episode_return_mean": score * i / 3})
-    progress.close()
+    curve = extra.get("curve", [score * i / 3 for i in range(1, 4)])
+    with (folder / "progress.csv").open("w", newline="") as handle:  # as trustrl writes it
+        writer = csv.writer(handle)
+        writer.writerow(["iteration", "env_steps", "episode_return_mean"])
+        for i, value in enumerate(curve, start=1):
+            writer.writerow([i, 1000 * i, "nan" if value is None else repr(float(value))])
     return folder
 
 
@@ -75,6 +79,64 @@ def test_dry_run_prints_the_plan_and_what_is_done(
     assert "to train sb3-ppo__Hopper-v5__101 1,000,000 env steps (the zoo's)" in lines
     assert lines[-1].startswith("6 to train, one at a time")
     assert not doc.exists()
+
+
+def test_humanoid_trains_the_tables_1m_not_its_presets_budget(
+    quality, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--dry-run", "--run-root", str(tmp_path), "--envs", "Humanoid-v5,Ant-v5"]
+    assert quality.main([*argv, "--seeds", "101"]) == 0
+    lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    # Whole iterations not above 1M: 1953 x 512 for PPO, 488 x 2 x 1024 for TRPO.
+    assert (
+        "to train ppo__Humanoid-v5__101 999,936 env steps "
+        "(the table's 1,000,000; the preset's: 9,999,872)" in lines
+    )
+    assert (
+        "to train trpo__Humanoid-v5__101 999,424 env steps "
+        "(the table's 1,000,000; the preset's: 1,998,848)" in lines
+    )
+    assert "to train ppo__Ant-v5__101 999,424 env steps (the preset's)" in lines
+    # --total-steps is every run's budget, Humanoid's too.
+    assert quality.main([*argv, "--seeds", "101", "--total-steps", "5000"]) == 0
+    lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    assert "to train ppo__Humanoid-v5__101 5,000 env steps" in lines
+
+
+def test_every_mujoco_preset_is_in_the_suite_with_its_published_figures(quality) -> None:
+    from trustrl.config import available_presets
+
+    for algo in quality.ALGOS:
+        shipped = {env_id for env_id in available_presets(algo) if env_id.endswith("-v5")}
+        assert shipped <= set(quality.MUJOCO), sorted(shipped - set(quality.MUJOCO))
+    for env_id in quality.MUJOCO:
+        for algo in quality.ALGOS:
+            figures = quality.published(algo, env_id)
+            if (algo, env_id) == ("trpo", "Pusher-v5"):  # no source reports it
+                assert not figures and (algo, env_id) not in quality.TARGETS
+                continue
+            assert figures, (algo, env_id)
+            if env_id not in ("Hopper-v5", "HalfCheetah-v5", "Walker2d-v5"):  # issue 22's
+                assert quality.TARGETS[(algo, env_id)] == max(figures.values()), (algo, env_id)
+
+
+def test_a_curve_falls_from_its_peak_by_its_smoothed_end(quality, tmp_path: Path) -> None:
+    def drop(curve: list[float | None]) -> float | None:
+        folder = finish(
+            quality, tmp_path, "ppo", "Hopper-v5", len(list(tmp_path.iterdir())), 0.0, curve=curve
+        )
+        return quality.curve_drop(folder / "progress.csv")
+
+    assert drop([0.0, 500.0, 1000.0]) == 0.0  # still rising
+    # 10-iteration means: the peak 1000 (ten at 1000), the end 500 (the last ten at 500).
+    assert drop([0.0] * 5 + [1000.0] * 10 + [500.0] * 10) == pytest.approx(0.5)
+    # One bad iteration at the end moves the 10-iteration mean by a tenth of its fall.
+    assert drop([1000.0] * 20 + [0.0]) == pytest.approx(0.1)
+    assert drop([None, 1000.0, None, 1000.0]) == 0.0  # iterations without a finished episode
+    # Below zero (Reacher's costs): the fall as a share of the rise, -40 to -5, ending at
+    # -12: 7 of 35.
+    assert drop([-40.0] * 10 + [-5.0] * 10 + [-12.0] * 10) == pytest.approx(0.2)
+    assert quality.curve_drop(tmp_path / "missing.csv") is None
 
 
 def test_report_writes_the_table_from_finished_runs(
@@ -98,11 +160,12 @@ def test_report_writes_the_table_from_finished_runs(
 
     text = doc.read_text()
     assert (
-        "| ppo | Hopper-v5 | 999,424 | **2,500.0** | 2,000.0 / 3,000.0 / 2,500.0 | 2,500.0 ["
-        in text
+        "| ppo | Hopper-v5 | 999,424 | **2,500.0** | 2,000.0 / 3,000.0 / 2,500.0 | 2,000.0 | "
+        "2,500.0 [" in text
     )
-    assert "| 20.0 min | 2,410 (SB3 zoo); 2,609 (Tianshou); 2,052 (CleanRL) | 2,800 | **no** |" in (
-        text
+    assert (
+        "| yes | 20.0 min | 2,410 (SB3 zoo); 2,609 (Tianshou); 2,382.9 (CleanRL); "
+        "~2,330 (PPO paper) | 2,800 | **no** |" in text
     )
     # SB3 trains whole rollouts past the budget: that is no early stop.
     assert "| sb3-ppo | Hopper-v5 | 1,000,000 (ran 1,000,448) | **2,200.0** |" in text
@@ -120,6 +183,39 @@ def test_report_writes_the_table_from_finished_runs(
     assert cell["iqm"] == pytest.approx(2500.0)  # 3 seeds: IQM trims none
     assert 2000.0 <= cell["low"] < 2500.0 < cell["high"] <= 3000.0
     assert cell["time_to_zoo_s"] == [600.0, None, 900.0]
+    assert cell["worst"] == 2000.0 and cell["curve_drops"] == [0.0, 0.0, 0.0]
+
+
+def test_the_table_names_a_fallen_curve_a_cell_without_figures_and_a_shortened_budget(
+    quality, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(quality, "BOOTSTRAP_REPS", 200)
+    runs = tmp_path / "runs"
+    fallen = [-60.0] * 10 + [-30.0] * 10 + [-45.0] * 10  # Pusher: up 30, then half back
+    for seed in quality.SEEDS:
+        curve = fallen if seed == 102 else None
+        extra = {"curve": curve} if curve else {}
+        finish(quality, runs, "trpo", "Pusher-v5", seed, -35.0 - seed % 100, **extra)
+        finish(
+            quality,
+            runs,
+            "ppo",
+            "Humanoid-v5",
+            seed,
+            600.0,
+            budget=999_936,
+            preset_budget=9_999_872,
+        )
+    doc = tmp_path / "docs" / "quality.md"
+    argv = ["--report-only", "--run-root", str(runs), "--doc", str(doc), "--multiagent", ""]
+    assert quality.main([*argv, "--plots", str(tmp_path / "docs" / "quality")]) == 0
+    text = doc.read_text()
+    assert "| trpo | Pusher-v5 | 999,424 | **-37.0** | -36.0 / -37.0 / -38.0 | -38.0 | " in text
+    assert "| **no**: 102 (50% below) | 20.0 min | none published at 1M | - | - |" in text
+    assert "No source reports trpo Pusher-v5 at 1M: no target." in text
+    assert "| ppo | Humanoid-v5 | 999,936; the preset's: 9,999,872 | **600.0** |" in text
+    assert "| 787.1 (Tianshou); 716.1 (CleanRL) | 787.1 | **no** |" in text
+    assert "ppo Humanoid-v5 (999,936 here, the preset's 9,999,872)" in text
 
 
 def test_cells_whose_runs_are_gone_are_carried_over_and_new_ones_replace_theirs(
@@ -131,6 +227,8 @@ def test_cells_whose_runs_are_gone_are_carried_over_and_new_ones_replace_theirs(
     for seed in quality.SEEDS:
         finish(quality, first, "ppo", "Hopper-v5", seed, 2000.0)
         finish(quality, first, "ppo", "Walker2d-v5", seed, 1000.0)
+    budget = {"budget": 1_000_000, "env_steps": 1_000_448}
+    finish(quality, first, quality.SB3, "Hopper-v5", 101, 2200.0, **budget)  # one seed
     argv = ["--report-only", "--doc", str(doc), "--plots", str(plots)]
     assert quality.main([*argv, "--run-root", str(first)]) == 0
     # A new machine: the first runs are gone; TRPO Hopper and a new PPO Walker2d are measured.
@@ -141,6 +239,9 @@ def test_cells_whose_runs_are_gone_are_carried_over_and_new_ones_replace_theirs(
     assert quality.main([*argv, "--run-root", str(second)]) == 0
     text = doc.read_text()
     assert "| ppo † | Hopper-v5 |" in text and "| trpo | Hopper-v5 |" in text
+    assert "| sb3-ppo † | Hopper-v5 | 1,000,000 (ran 1,000,448) | **2,200.0** |" in text
+    # A carried cell keeps its curves' test as measured, beside the suite's figures now.
+    assert "| yes | 20.0 min | 2,410 (SB3 zoo); 2,609 (Tianshou); 2,382.9 (CleanRL); ~2,330" in text
     assert "| ppo | Walker2d-v5 | 999,936 | **4,000.0** |" in text  # replaced, not carried
     assert "1,000.0" not in text
     assert "![Hopper-v5 (ppo)](quality/Hopper-v5.png)" in text  # the carried cell's curve
@@ -149,6 +250,7 @@ def test_cells_whose_runs_are_gone_are_carried_over_and_new_ones_replace_theirs(
     assert [(c["algo"], c["env_id"], c.get("carried", False)) for c in data["cells"]] == [
         ("ppo", "Hopper-v5", True),
         ("trpo", "Hopper-v5", False),
+        (quality.SB3, "Hopper-v5", True),  # the peer's one seed is not the table's three
         ("ppo", "Walker2d-v5", False),
     ]
     # A third machine, where a retuned PPO Hopper preset runs 1,000,000 steps rather than
