@@ -34,7 +34,7 @@ def main() -> int:
 
     import trustrl
     from trustrl.config import config_from_dict
-    from trustrl.envs import make_vec_env
+    from trustrl.envs.gym import make_vec_env
 
     settings = cases.settings(args.case)
     with tempfile.TemporaryDirectory(prefix="trustrl-collect-") as run_dir:

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 
 from trustrl.config import resolve
-from trustrl.trainer import Trainer
+from trustrl.run.trainer import Trainer
 
 seen: dict[int, list] = {}
 stop = False

@@ -58,7 +58,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     """One configuration, in this (fresh) process: train, time, report."""
     sys.path.insert(0, str(ROOT))
     import trustrl
-    from trustrl.trainer import Trainer
+    from trustrl.run.trainer import Trainer
 
     run_dir = Path(spec["run_dir"])
     overrides = {"quiet": True, "run_dir": str(run_dir), **spec["overrides"]}

@@ -117,7 +117,7 @@ def scripted_policy(observations: dict[str, Any], rng: np.random.Generator) -> d
 
 def score(policy: Any, episodes: int, seed: int) -> list[float]:
     """Per-episode mean over agents of each agent's episode return."""
-    from trustrl.multiagent import parallel_env_factory
+    from trustrl.envs.pettingzoo import parallel_env_factory
 
     env = parallel_env_factory(ENV_ID, ENV_KWARGS)()
     rng = np.random.default_rng(seed)

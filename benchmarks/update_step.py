@@ -26,11 +26,11 @@ from threadpoolctl import threadpool_limits
 
 import trustrl
 from trustrl.config import PolicyConfig, PPOConfig
-from trustrl.policy import Policy
-from trustrl.rollout import Rollout
-from trustrl.spaces import SpaceSpec
-from trustrl.updates.grads import LossSettings, NumpyGradients, TorchGradients
-from trustrl.updates.ppo import PPOUpdate
+from trustrl.envs.spaces import SpaceSpec
+from trustrl.learner.policy import Policy
+from trustrl.learner.rollout import Rollout
+from trustrl.learner.updates.grads import LossSettings, NumpyGradients, TorchGradients
+from trustrl.learner.updates.ppo import PPOUpdate
 
 
 def main() -> None:

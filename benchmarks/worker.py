@@ -354,7 +354,7 @@ def _time_steps(step: Any, actions: list[Any], num_envs: int, target_steps: int)
 def run_ceiling(job: dict[str, Any]) -> dict[str, Any]:
     """Random actions (precomputed batches) through trustrl's own vector env."""
     s = cases.settings(job["case"], job["quick"])
-    from trustrl.envs import make_vec_env
+    from trustrl.envs.gym import make_vec_env
 
     envs = make_vec_env(s["env_id"], s["num_envs"], s["backend"])
     envs.reset(seed=job["seed"])

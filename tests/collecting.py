@@ -3,11 +3,11 @@ learner's side (trainer.absorb), as the trainer does."""
 
 from __future__ import annotations
 
-from trustrl.collect import Collector
+from trustrl.acting.collector import Collector
 from trustrl.contract import EpisodeStats, PolicySnapshot
-from trustrl.policy import Policy
-from trustrl.rollout import Rollout
-from trustrl.trainer import absorb
+from trustrl.learner.policy import Policy
+from trustrl.learner.rollout import Rollout
+from trustrl.run.trainer import absorb
 
 
 def collect(

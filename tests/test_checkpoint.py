@@ -19,10 +19,10 @@ import torch
 
 import trustrl
 from trustrl import cli
-from trustrl.checkpoint import CheckpointError, load_checkpoint
 from trustrl.config import Config, EnvConfig, PolicyConfig, PPOConfig, RolloutConfig
-from trustrl.logging import read_progress
-from trustrl.trainer import Trainer
+from trustrl.run.checkpoint import CheckpointError, load_checkpoint
+from trustrl.run.logging import read_progress
+from trustrl.run.trainer import Trainer
 
 ITERATIONS = 5
 BATCH = 2 * 16
@@ -320,7 +320,7 @@ def test_full_disk_at_save_keeps_the_previous_checkpoint(
 ) -> None:
     import errno
 
-    import trustrl.checkpoint as checkpoint
+    import trustrl.run.checkpoint as checkpoint
 
     trainer = Trainer(config(iterations=4, checkpoint_every=1), tmp_path)
     trainer.train(iterations=2)
@@ -348,7 +348,7 @@ def test_background_checkpoints_hold_their_own_iteration(
     the weights of the iteration it is named for, not those of a later one."""
     import time
 
-    import trustrl.trainer as trainer_module
+    import trustrl.run.trainer as trainer_module
 
     slow_write = trainer_module.write_snapshot
 

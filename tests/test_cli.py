@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from trustrl import cli
-from trustrl.logging import read_progress
+from trustrl.run.logging import read_progress
 
 TINY = [
     "--total-steps",
@@ -366,9 +366,9 @@ def test_a_new_run_refuses_a_folder_that_is_not_empty(cli_run, tmp_path: Path, c
 
 
 def test_trainer_refuses_a_folder_that_is_not_empty(tmp_path: Path) -> None:
-    from trustrl.checkpoint import CheckpointError
     from trustrl.config import resolve
-    from trustrl.trainer import Trainer
+    from trustrl.run.checkpoint import CheckpointError
+    from trustrl.run.trainer import Trainer
 
     (tmp_path / "data.csv").write_text("1,2\n")
     with pytest.raises(CheckpointError, match="is not empty"):
@@ -469,7 +469,7 @@ def test_an_early_stop_finishes_the_progress_output(tmp_path: Path, capsys) -> N
 def test_plain_progress_lines_off_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
-    from trustrl import logging as log
+    from trustrl.run import logging as log
 
     stream = io.StringIO()
     monkeypatch.setattr(log, "PLAIN_SECONDS", 0.0)
@@ -487,7 +487,7 @@ def test_plain_progress_lines_off_a_terminal(monkeypatch: pytest.MonkeyPatch) ->
 def test_the_live_bar_labels_its_times() -> None:
     import io
 
-    from trustrl.logging import ProgressBar
+    from trustrl.run.logging import ProgressBar
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

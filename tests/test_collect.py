@@ -22,12 +22,12 @@ import torch
 
 from tests import envs as E
 from tests.collecting import collect
-from trustrl.collect import Collector
+from trustrl.acting.collector import Collector
+from trustrl.acting.inference import Inference
 from trustrl.config import PolicyConfig, config_from_dict, merge
-from trustrl.inference import Inference
-from trustrl.policy import Policy
-from trustrl.spaces import SpaceSpec
-from trustrl.trainer import Trainer
+from trustrl.envs.spaces import SpaceSpec
+from trustrl.learner.policy import Policy
+from trustrl.run.trainer import Trainer
 
 NEXT_STEP = gym.vector.AutoresetMode.NEXT_STEP
 BACKENDS = ["sync", "async"]
@@ -446,7 +446,7 @@ def test_reward_scaling_against_a_brute_force_reference(num_envs: int) -> None:
 def test_cartpole_episode_accounting_on_every_backend(backend: str) -> None:
     """Real CartPole (reward 1 per step, a TimeLimit of 15): episodes seen in the rollout
     rows, their flags and the collector's report agree, on every backend."""
-    from trustrl.envs import make_vec_env
+    from trustrl.envs.gym import make_vec_env
 
     limit = 15
     envs = make_vec_env("CartPole-v1", 3, backend, {"max_episode_steps": limit})

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-import trustrl.updates.critic_worker as critic_worker
+import trustrl.learner.updates.critic_worker as critic_worker
 from tests.test_grads import make_policy, make_rollout
 from trustrl.config import PPOConfig
-from trustrl.updates.ppo import PPOUpdate
+from trustrl.learner.updates.ppo import PPOUpdate
 
 pytestmark = pytest.mark.skipif(not critic_worker.available(), reason="needs Linux and two CPUs")
 
@@ -91,7 +91,7 @@ def test_the_worker_is_a_fresh_interpreter_without_torch() -> None:
     update(policy, make_rollout(policy, "box"), 0.0)
     pid = update.gradients.worker.pid  # type: ignore[attr-defined]
     with open(f"/proc/{pid}/cmdline", "rb") as f:
-        assert b"trustrl.updates.critic_worker" in f.read()
+        assert b"trustrl.learner.updates.critic_worker" in f.read()
     with open(f"/proc/{pid}/maps") as f:
         assert "libtorch" not in f.read()
     update.close()

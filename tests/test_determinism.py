@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from trustrl.config import Config, EnvConfig, PolicyConfig, PPOConfig, RolloutConfig
-from trustrl.logging import TIME_COLUMNS
-from trustrl.trainer import Trainer
+from trustrl.run.logging import TIME_COLUMNS
+from trustrl.run.trainer import Trainer
 
 
 def cartpole(seed: int) -> Config:

@@ -1,4 +1,4 @@
-"""trustrl.distributed without starting Ray: lazy import, the missing-Ray message, and the
+"""trustrl.remote without starting Ray: lazy import, the missing-Ray message, and the
 settings refused before anything starts. (The Ray instance itself: test_ray_cluster.py.)"""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from trustrl.distributed import INSTALL_HINT, RayCluster, RayUnavailableError, import_ray
+from trustrl.remote import INSTALL_HINT, RayCluster, RayUnavailableError, import_ray
 
 
 def test_importing_the_package_does_not_import_ray():
-    code = "import sys, trustrl.distributed; assert 'ray' not in sys.modules"
+    code = "import sys, trustrl.remote; assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -9,12 +9,18 @@ import pytest
 import torch
 from torch.distributions import Categorical, Independent, Normal, kl_divergence
 
-from trustrl.distributions import (
+from trustrl.acting.kernels import (
+    NumpyCategorical,
+    NumpyGaussian,
+    log_softmax_array,
+    row_max,
+    row_sum,
+)
+from trustrl.learner.heads import (
     CategoricalHead,
     DiagGaussianHead,
     MultiCategoricalHead,
 )
-from trustrl.kernels import NumpyCategorical, NumpyGaussian, log_softmax_array, row_max, row_sum
 
 IN_FEATURES = 4
 BATCH = 6

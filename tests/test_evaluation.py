@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from trustrl.config import PolicyConfig
-from trustrl.evaluation import PARALLEL, evaluate
-from trustrl.policy import Policy
-from trustrl.spaces import SpaceSpec
+from trustrl.envs.spaces import SpaceSpec
+from trustrl.learner.policy import Policy
+from trustrl.run.evaluation import PARALLEL, evaluate
 
 
 def sequential(policy: Policy, env_id: str, episodes: int, seed: int) -> tuple[list, list]:

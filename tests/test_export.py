@@ -29,10 +29,10 @@ import torch
 
 from tests import envs as test_envs
 from trustrl import cli
-from trustrl.checkpoint import set_latest, write_checkpoint
 from trustrl.config import Config, PolicyConfig, config_to_dict
-from trustrl.policy import Policy
-from trustrl.spaces import SpaceSpec
+from trustrl.envs.spaces import SpaceSpec
+from trustrl.learner.policy import Policy
+from trustrl.run.checkpoint import set_latest, write_checkpoint
 
 # torch.jit.load warns that TorchScript is deprecated; loading it is what deployers do.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")

@@ -14,10 +14,14 @@ import numpy as np
 import pytest
 
 import trustrl
-from trustrl.agent import Agent, LocalLink
+from trustrl.client.agent import Agent, LocalLink
 from trustrl.config import ConfigError
 from trustrl.contract import PolicySnapshot
-from trustrl.external import (
+from trustrl.envs.rows import AgentGroup
+from trustrl.learner.policy import Policy
+from trustrl.learner.rollout import Rollout
+from trustrl.normalize import RunningStats
+from trustrl.remote.external import (
     Chunk,
     ChunkError,
     Inbox,
@@ -30,10 +34,6 @@ from trustrl.external import (
     learner_info,
     pack,
 )
-from trustrl.normalize import RunningStats
-from trustrl.policy import Policy
-from trustrl.rollout import Rollout
-from trustrl.rows import AgentGroup
 
 SPACES = {"observation_shape": [3], "action_kind": "discrete", "action_choices": [2]}
 
@@ -236,7 +236,7 @@ def test_masks_are_checked_and_obeyed(tmp_path: Path) -> None:
     spaces = gym.spaces.Dict(
         {"observation": gym.spaces.Box(-1, 1, (3,)), "action_mask": gym.spaces.MultiBinary(4)}
     )
-    from trustrl.spaces import SpaceSpec
+    from trustrl.envs.spaces import SpaceSpec
 
     spec = SpaceSpec.from_spaces(spaces, gym.spaces.Discrete(4))
     inbox = Inbox([AgentGroup("g", ("",), spec)], _info(spec))
@@ -388,7 +388,7 @@ def test_agent_local_with_spaces_from_the_config_trains_trpo_and_resumes(tmp_pat
 
 
 def _runner(cfg: trustrl.Config) -> Any:
-    from trustrl.external import ExternalRunner
+    from trustrl.remote.external import ExternalRunner
 
     groups = external_groups(cfg)
     return ExternalRunner(cfg, groups, Inbox(groups, learner_info(cfg, groups)))

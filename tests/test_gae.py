@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from trustrl.rollout import Batch, Rollout, gae
+from trustrl.learner.rollout import Batch, Rollout, gae
 
 
 def reference_gae(rewards, values, next_values, terminated, truncated, gamma, lam):

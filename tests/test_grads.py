@@ -18,17 +18,17 @@ import pytest
 import torch
 
 from trustrl.config import PolicyConfig, PPOConfig
-from trustrl.optim import Adam
-from trustrl.policy import Policy
-from trustrl.rollout import Batch, Rollout
-from trustrl.spaces import SpaceSpec
-from trustrl.updates.grads import (
+from trustrl.envs.spaces import SpaceSpec
+from trustrl.learner.optim import Adam
+from trustrl.learner.policy import Policy
+from trustrl.learner.rollout import Batch, Rollout
+from trustrl.learner.updates.grads import (
     LossSettings,
     NumpyGradients,
     TorchGradients,
     make_gradients,
 )
-from trustrl.updates.ppo import PPOUpdate
+from trustrl.learner.updates.ppo import PPOUpdate
 
 OBS_DIM, ROWS = 5, 40
 SPACES = {
@@ -278,7 +278,7 @@ def test_whole_updates_match_autograd(space: str, options: dict) -> None:
 def test_trpo_critic_fit_matches_autograd() -> None:
     """TRPO fits its critic with the same backends; its actor has no optimizer."""
     from trustrl.config import TRPOConfig
-    from trustrl.updates.trpo import TRPOUpdate
+    from trustrl.learner.updates.trpo import TRPOUpdate
 
     policy = make_policy("box")
     twin = copy.deepcopy(policy)

@@ -34,7 +34,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_no_import_cycles() -> None:
     graph = import_graph()
-    assert "trustrl.envs" in graph and "trustrl.policy" in graph
+    assert "trustrl.envs.gym" in graph and "trustrl.learner.policy" in graph
     done: set[str] = set()
 
     def visit(name: str, path: list[str]) -> None:
@@ -58,10 +58,10 @@ ACT_WITHOUT_TORCH = """
 import sys
 sys.modules["torch"] = None  # any import of torch now raises ImportError
 from pathlib import Path
-from trustrl.collect import make_collector
+from trustrl.acting.collector import make_collector
 from trustrl.config import resolve
-from trustrl.external import decode_snapshot
-import trustrl.agent, trustrl.distributed.runners
+from trustrl.remote.external import decode_snapshot
+import trustrl.client.agent, trustrl.remote.runners
 
 env_id, folder = sys.argv[1], Path(sys.argv[2])
 config = resolve(env_id, overrides={"env": {"num_envs": 2}, "rollout": {"num_steps": 64}})
@@ -77,8 +77,8 @@ print(batch.env_steps, batch.version)
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "mpe2:simple_spread_v3"])
 def test_the_acting_side_runs_without_torch(env_id: str, tmp_path: Path) -> None:
     from trustrl.config import resolve
-    from trustrl.external import encode_snapshot
-    from trustrl.trainer import Trainer
+    from trustrl.remote.external import encode_snapshot
+    from trustrl.run.trainer import Trainer
 
     config = resolve(env_id, overrides={"env": {"num_envs": 2}, "rollout": {"num_steps": 64}})
     trainer = Trainer(config, tmp_path / "run")

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from trustrl.acting.inference import Inference
 from trustrl.config import PolicyConfig
-from trustrl.inference import Inference
-from trustrl.policy import Policy
-from trustrl.spaces import SpaceSpec
+from trustrl.envs.spaces import SpaceSpec
+from trustrl.learner.policy import Policy
 
 OBS_DIM = 6
 ROWS = 12

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from trustrl import kernels
-from trustrl.distributions import StackedLinear
-from trustrl.policy import ACTIVATIONS, StackedMLP, mlp
+from trustrl.acting import kernels
+from trustrl.learner.heads import StackedLinear
+from trustrl.learner.policy import ACTIVATIONS, StackedMLP, mlp
 
 SIZES = (5, 16, 8)
 ROWS = 33

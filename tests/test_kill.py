@@ -42,7 +42,7 @@ from pathlib import Path
 import pytest
 
 import trustrl
-from trustrl.checkpoint import load_checkpoint
+from trustrl.run.checkpoint import load_checkpoint
 
 KILLS = 30
 WORKERS = 3
@@ -69,7 +69,7 @@ FORK_SERVER = textwrap.dedent(
     import json, os, signal, sys, traceback
     # Everything a training run imports, once (tyro and tensorboard are imported lazily).
     import torch.utils.tensorboard, tyro
-    import trustrl.cli, trustrl.trainer
+    import trustrl.cli, trustrl.run.trainer
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped automatically
     print("ready", flush=True)

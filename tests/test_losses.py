@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from trustrl.kernels import normalize_advantages_numpy, policy_terms_numpy, value_terms_numpy
-from trustrl.losses import (
+from trustrl.acting.kernels import normalize_advantages_numpy, policy_terms_numpy, value_terms_numpy
+from trustrl.learner.losses import (
     approx_kl,
     clip_fraction,
     clipped_surrogate,

@@ -23,16 +23,16 @@ from torch import nn
 import trustrl
 from tests.collecting import collect
 from tests.coop_env import scripted_reward
-from trustrl.collect import Collector
+from trustrl.acting.collector import Collector
 from trustrl.config import PolicyConfig, PPOConfig, config_from_dict, merge
-from trustrl.distributions import StackedLinear
-from trustrl.evaluation import evaluate_parallel
-from trustrl.multiagent import ParallelRows, parallel_env_factory
-from trustrl.policy import MultiAgentPolicy, Policy
-from trustrl.rollout import Rollout
-from trustrl.spaces import SpaceSpec
-from trustrl.trainer import Trainer
-from trustrl.updates.ppo import PPOUpdate
+from trustrl.envs.pettingzoo import ParallelRows, parallel_env_factory
+from trustrl.envs.spaces import SpaceSpec
+from trustrl.learner.heads import StackedLinear
+from trustrl.learner.policy import MultiAgentPolicy, Policy
+from trustrl.learner.rollout import Rollout
+from trustrl.learner.updates.ppo import PPOUpdate
+from trustrl.run.evaluation import evaluate_parallel
+from trustrl.run.trainer import Trainer
 
 SCRIPTED = "tests.coop_env:ScriptedParallelEnv"
 SPREAD = "mpe2:simple_spread_v3"
@@ -849,7 +849,7 @@ def test_paused_and_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, acto
 
 
 def test_a_multiagent_policy_in_the_wrong_env_or_with_wrong_shapes(tmp_path: Path) -> None:
-    from trustrl.evaluation import evaluate
+    from trustrl.run.evaluation import evaluate
 
     policy = trainer(SPREAD, tmp_path / "run").policy
     assert isinstance(policy, MultiAgentPolicy)

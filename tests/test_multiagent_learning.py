@@ -17,8 +17,8 @@ import pytest
 
 from tests.coop_env import CoopCueEnv
 from trustrl.config import config_from_dict
-from trustrl.policy import MultiAgentPolicy
-from trustrl.trainer import Trainer
+from trustrl.learner.policy import MultiAgentPolicy
+from trustrl.run.trainer import Trainer
 
 pytestmark = pytest.mark.slow
 

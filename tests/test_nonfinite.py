@@ -13,10 +13,10 @@ import torch
 
 from tests.test_cli import run_cli
 from trustrl.config import resolve
+from trustrl.envs.rows import AgentGroup, GroupObs, GroupStep, NonFiniteError, check_finite
+from trustrl.envs.spaces import SpaceSpec
 from trustrl.normalize import MeanStd
-from trustrl.rows import AgentGroup, GroupObs, GroupStep, NonFiniteError, check_finite
-from trustrl.spaces import SpaceSpec
-from trustrl.trainer import FAILED_UPDATES_LIMIT, Trainer, TrainingError
+from trustrl.run.trainer import FAILED_UPDATES_LIMIT, Trainer, TrainingError
 
 ENV = "tests.envs:NonFiniteEnv"
 
@@ -151,9 +151,9 @@ def test_one_good_update_resets_the_count(tmp_path: Path, monkeypatch: pytest.Mo
 
 def test_a_dropped_episode_ends_before_the_bad_step_and_is_not_reported() -> None:
     from tests.collecting import collect
-    from trustrl.collect import Collector
-    from trustrl.envs import make_row_env
-    from trustrl.policy import Policy
+    from trustrl.acting.collector import Collector
+    from trustrl.envs.gym import make_row_env
+    from trustrl.learner.policy import Policy
 
     cfg = resolve(ENV, overrides={"env": {"num_envs": 1, "nonfinite": "drop", "kwargs": {"at": 5}}})
     collector = Collector(make_row_env(cfg), seed=0, gamma=0.99)
@@ -178,7 +178,7 @@ def test_a_dropped_episode_ends_before_the_bad_step_and_is_not_reported() -> Non
 def test_a_run_dropping_episodes_goes_on_and_counts_them(
     tmp_path: Path, where: str, backend: str
 ) -> None:
-    from trustrl.logging import read_progress
+    from trustrl.run.logging import read_progress
 
     base = config(tmp_path / "run", where=where, at=40)
     table = {"env": {"nonfinite": "drop", "backend": backend}}
@@ -207,7 +207,7 @@ def _merge(config_: Any, table: dict[str, Any]) -> dict[str, Any]:
 )
 def test_drop_is_refused_where_it_cannot_work(env_id: str, backend: str, message: str) -> None:
     from trustrl.config import ConfigError
-    from trustrl.envs import make_row_env
+    from trustrl.envs.gym import make_row_env
 
     cfg = resolve(env_id, overrides={"env": {"nonfinite": "drop", "backend": backend}})
     with pytest.raises(ConfigError, match=message):

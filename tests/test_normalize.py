@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from trustrl.learner.policy import RunningMeanStd
 from trustrl.normalize import MeanStd
-from trustrl.policy import RunningMeanStd
 
 SIZES = [1, 7, 1, 64, 3, 1, 250, 2]
 

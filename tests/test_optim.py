@@ -1,11 +1,11 @@
-"""trustrl.optim.Adam computes what torch.optim.Adam computes, step for step."""
+"""trustrl.learner.optim.Adam computes what torch.optim.Adam computes, step for step."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from trustrl.optim import Adam
+from trustrl.learner.optim import Adam
 
 
 def _model(seed: int) -> nn.Module:

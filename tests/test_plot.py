@@ -13,8 +13,8 @@ import tomli_w
 
 from trustrl import cli
 from trustrl.config import config_to_dict, resolve
-from trustrl.logging import ProgressFile
-from trustrl.plot import PlotError, curves, find_runs, plot, plot_command
+from trustrl.run.logging import ProgressFile
+from trustrl.run.plot import PlotError, curves, find_runs, plot, plot_command
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from trustrl.config import PolicyConfig, PPOConfig
-from trustrl.losses import clipped_surrogate, value_loss
-from trustrl.policy import Policy
-from trustrl.rollout import Rollout
-from trustrl.spaces import SpaceSpec
-from trustrl.updates.ppo import PPOUpdate
+from trustrl.envs.spaces import SpaceSpec
+from trustrl.learner.losses import clipped_surrogate, value_loss
+from trustrl.learner.policy import Policy
+from trustrl.learner.rollout import Rollout
+from trustrl.learner.updates.ppo import PPOUpdate
 
 OBS_DIM, N_ACTIONS, STEPS, ROWS = 3, 3, 8, 4
 

@@ -12,7 +12,7 @@ import pytest
 import trustrl
 from trustrl import cli
 from trustrl.config import ConfigError, list_presets, preset_name, preset_table
-from trustrl.envs import check_env_id
+from trustrl.envs.gym import check_env_id
 
 ROOT = Path(__file__).resolve().parent.parent
 SPREAD = "mpe2:simple_spread_v3"

@@ -3,7 +3,7 @@
 Measured, not assumed: every process the instance started (the driver, gcs_server, raylet,
 the runtime-env agent, every worker) is listed with psutil, and each listening socket
 must be on loopback (127.0.0.0/8, ::1, or an IPv4-mapped 127.x). No component is excepted:
-with the settings of ``trustrl.distributed.cluster`` none listens elsewhere in Ray 2.60.
+with the settings of ``trustrl.remote.cluster`` none listens elsewhere in Ray 2.60.
 Token authentication is checked by being refused: the runtime-env agent's HTTP endpoint
 without a token, and a driver with a wrong token at the GCS.
 
@@ -39,7 +39,7 @@ pytestmark = [
 
 psutil = pytest.importorskip("psutil")
 
-from trustrl.distributed.cluster import (  # noqa: E402
+from trustrl.remote.cluster import (  # noqa: E402
     RayCluster,
     create_actors,
     import_ray,
@@ -346,7 +346,7 @@ def test_ray_imported_in_multi_machine_mode_is_refused_before_anything_starts():
     on every interface: RayCluster says so and starts nothing."""
     code = (
         "import ray\n"
-        "from trustrl.distributed import RayCluster\n"
+        "from trustrl.remote import RayCluster\n"
         "try:\n"
         "    RayCluster(num_cpus=1).start()\n"
         "except RuntimeError as error:\n"

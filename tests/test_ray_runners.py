@@ -1,6 +1,6 @@
 """Training with Ray runners: the same trainer, the envs in actors, lost runners replaced.
 
-Each test starts its own loopback Ray instance (trustrl.distributed.cluster) and stops it;
+Each test starts its own loopback Ray instance (trustrl.remote.cluster) and stops it;
 the module shares the "ray" xdist group with tests/test_ray_cluster.py, so no two Ray
 instances run at once.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import trustrl
-from trustrl.trainer import Trainer
+from trustrl.run.trainer import Trainer
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs trustrl[ray]"),
@@ -119,7 +119,7 @@ def test_sigkilled_runner_is_replaced_and_the_lost_batch_never_reaches_the_learn
 
 
 def test_runners_that_keep_failing_stop_the_run(tmp_path: Path) -> None:
-    from trustrl.distributed.runners import RunnerFailedError
+    from trustrl.remote.runners import RunnerFailedError
 
     trainer = Trainer(config(4, runner_failures=1), tmp_path)
     runners: Any = trainer.collector
@@ -192,7 +192,7 @@ def test_runners_are_spread_over_the_nodes_of_a_two_node_cluster(
     import sys
     import tempfile
 
-    from trustrl.distributed.cluster import import_ray
+    from trustrl.remote.cluster import import_ray
 
     ray_tmp = Path(tempfile.mkdtemp(prefix="trl", dir="/tmp"))  # short: socket paths
     monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp))

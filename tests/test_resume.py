@@ -14,8 +14,8 @@ import torch
 
 import trustrl
 from trustrl import cli
-from trustrl.checkpoint import CheckpointError
-from trustrl.logging import TIME_COLUMNS, read_progress
+from trustrl.run.checkpoint import CheckpointError
+from trustrl.run.logging import TIME_COLUMNS, read_progress
 
 
 def _overrides(env_id: str, total_steps: int, run_dir: Path, backend: str) -> dict[str, Any]:

@@ -28,12 +28,6 @@ from safetensors.torch import load_file, save_file
 
 import trustrl
 from trustrl import cli
-from trustrl.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    resolve_checkpoint,
-    write_checkpoint,
-)
 from trustrl.config import (
     Config,
     EnvConfig,
@@ -42,9 +36,15 @@ from trustrl.config import (
     RolloutConfig,
     config_to_dict,
 )
-from trustrl.policy import Policy
-from trustrl.spaces import SpaceSpec
-from trustrl.trainer import Trainer
+from trustrl.envs.spaces import SpaceSpec
+from trustrl.learner.policy import Policy
+from trustrl.run.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    resolve_checkpoint,
+    write_checkpoint,
+)
+from trustrl.run.trainer import Trainer
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -44,7 +44,7 @@ def show(request: pytest.FixtureRequest) -> Callable[[str], None]:
 def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, dict[str, str]]]:
     """A one-node loopback Ray cluster with token authentication, in a private temp root;
     (its address, the environment for processes that join it)."""
-    from trustrl.distributed import import_ray
+    from trustrl.remote import import_ray
 
     tmp = Path(tempfile.mkdtemp(prefix="trl", dir="/tmp"))
     monkeypatch.setenv("RAY_TMPDIR", str(tmp))

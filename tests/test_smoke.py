@@ -28,9 +28,9 @@ from trustrl.config import (
     RolloutConfig,
     config_from_dict,
 )
-from trustrl.envs import env_factory
-from trustrl.logging import read_progress
-from trustrl.trainer import Trainer
+from trustrl.envs.gym import env_factory
+from trustrl.run.logging import read_progress
+from trustrl.run.trainer import Trainer
 
 METRICS = (
     "episode_return_mean",
@@ -202,7 +202,7 @@ def test_smoke(tmp_path: Path, env_id: str, backend: str, separate: bool) -> Non
 
 
 def fresh_policy(env: gym.Env, info_mask: bool = False) -> trustrl.Policy:
-    from trustrl.spaces import SpaceSpec
+    from trustrl.envs.spaces import SpaceSpec
 
     spec = SpaceSpec.from_spaces(env.observation_space, env.action_space, info_mask)
     torch.manual_seed(0)
@@ -297,7 +297,7 @@ def test_tensorboard_rows_keep_their_wall_times_and_a_resume_purges(
     on (a resume from the checkpoint at step 2 passes 3: the row of step 2 stays)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from trustrl import logging as log
+    from trustrl.run import logging as log
 
     clock = [1000.0]
     monkeypatch.setattr(log.time, "time", lambda: clock[0])

@@ -22,13 +22,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
-import trustrl.updates.trpo as trpo_module
+import trustrl.learner.updates.trpo as trpo_module
 from trustrl.config import PolicyConfig, TRPOConfig
-from trustrl.losses import value_loss
-from trustrl.policy import Policy
-from trustrl.rollout import Batch, Rollout
-from trustrl.spaces import SpaceSpec
-from trustrl.updates.trpo import (
+from trustrl.envs.spaces import SpaceSpec
+from trustrl.learner.losses import value_loss
+from trustrl.learner.policy import Policy
+from trustrl.learner.rollout import Batch, Rollout
+from trustrl.learner.updates.trpo import (
     TRPOUpdate,
     backtracking_line_search,
     conjugate_gradient,

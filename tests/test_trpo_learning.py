@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import trustrl
-from trustrl.trainer import Trainer
+from trustrl.run.trainer import Trainer
 
 
 def train(env_id: str, seed: int, total_steps: int, run_dir: Path, **overrides: object) -> Trainer:

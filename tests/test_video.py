@@ -12,8 +12,8 @@ import pytest
 
 import trustrl
 from trustrl import cli
-from trustrl.evaluation import evaluate_parallel
-from trustrl.video import record
+from trustrl.run.evaluation import evaluate_parallel
+from trustrl.run.video import record
 
 
 def tiny_run(env_id: str, folder: Path, **overrides) -> Path:
@@ -76,7 +76,7 @@ def test_mujoco_renders_headless_through_egl(tmp_path: Path) -> None:
     run = tiny_run("Hopper-v5", tmp_path / "run")
     code = (
         "import sys, trustrl\n"
-        "from trustrl.video import record\n"
+        "from trustrl.run.video import record\n"
         "r = record(trustrl.load_policy(sys.argv[1]), 'Hopper-v5', sys.argv[2],\n"
         "           env_kwargs={'max_episode_steps': 3})\n"
         "print(r.videos[0])\n"

@@ -29,12 +29,12 @@ from trustrl.config import (
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Agent": "trustrl.agent",
-    "Trainer": "trustrl.trainer",
-    "train": "trustrl.trainer",
-    "Policy": "trustrl.policy",
-    "evaluate": "trustrl.evaluation",
-    "load_policy": "trustrl.checkpoint",
+    "Agent": "trustrl.client.agent",
+    "Trainer": "trustrl.run.trainer",
+    "train": "trustrl.run.trainer",
+    "Policy": "trustrl.learner.policy",
+    "evaluate": "trustrl.run.evaluation",
+    "load_policy": "trustrl.run.checkpoint",
 }
 
 __all__ = [

@@ -28,8 +28,8 @@ from trustrl.config import (
 )
 
 if TYPE_CHECKING:
-    from trustrl.evaluation import EvalResult
-    from trustrl.trainer import Trainer
+    from trustrl.run.evaluation import EvalResult
+    from trustrl.run.trainer import Trainer
 
 TRAIN_USAGE = """\
 trustrl train ENV_ID [--algo ppo] [--preset NAME] [--config FILE] [--seed N]
@@ -103,7 +103,7 @@ def parse_train(argv: list[str]) -> tuple[argparse.Namespace, Config]:
     known, rest = _split_train_args(argv)
     if known.env_id is None:
         raise UsageError("trustrl train needs ENV_ID (or --resume RUN_DIR); see --help")
-    from trustrl.envs import check_env_id
+    from trustrl.envs.gym import check_env_id
 
     check_env_id(known.env_id)
     base = resolve(known.env_id, known.algo, known.config, preset=known.preset)
@@ -121,7 +121,7 @@ def cmd_train(argv: list[str]) -> int:
         )
         _tyro_config(base, ["--help"])
         return 0
-    from trustrl.trainer import Trainer
+    from trustrl.run.trainer import Trainer
 
     if known.resume:
         run_dir, config = _resumed(known.resume, rest)
@@ -184,7 +184,7 @@ def cmd_serve(argv: list[str]) -> int:
     else:
         env_id = known.env_id or named.name
         if known.env_id is not None:
-            from trustrl.envs import check_env_id
+            from trustrl.envs.gym import check_env_id
 
             check_env_id(known.env_id)
         base = resolve(env_id, known.algo, known.config, preset=known.preset)
@@ -195,7 +195,7 @@ def cmd_serve(argv: list[str]) -> int:
                 "(observation_shape, action_kind, action_choices; see --help)"
             )
         run_dir = None
-    from trustrl.distributed.serve import serve
+    from trustrl.remote.serve import serve
 
     trainer = serve(
         config,
@@ -225,7 +225,7 @@ def _ended(trainer: Trainer, resume_command: str) -> int:
 def summary(run_dir: Path, result: EvalResult | None) -> str:
     """The end of a run: how it did, the commands to look at it, and (last, for scripts
     that read the last line) the run folder."""
-    from trustrl.plot import plot_command
+    from trustrl.run.plot import plot_command
 
     lines = []
     if result is not None:
@@ -274,8 +274,8 @@ def cmd_eval(argv: list[str]) -> int:
     if args.out is not None and not args.video:
         raise UsageError("--out is the folder for --video's files; add --video")
 
-    from trustrl.checkpoint import load_policy, read_meta, resolve_checkpoint
-    from trustrl.evaluation import EvalResult, evaluate
+    from trustrl.run.checkpoint import load_policy, read_meta, resolve_checkpoint
+    from trustrl.run.evaluation import EvalResult, evaluate
 
     folder = resolve_checkpoint(args.path)
     config = config_from_dict(read_meta(folder)["config"])
@@ -286,7 +286,7 @@ def cmd_eval(argv: list[str]) -> int:
 
         # Off-screen MuJoCo rendering without a display (this process is the CLI's own).
         os.environ.setdefault("MUJOCO_GL", "egl")
-        from trustrl.video import record
+        from trustrl.run.video import record
 
         out = Path(args.out) if args.out else Path(args.path) / "videos"
         recording = record(
@@ -379,7 +379,7 @@ def cmd_plot(argv: list[str]) -> int:
         help="average each run's values over a trailing window of N points first (default 1)",
     )
     args = parser.parse_args(argv)
-    from trustrl.plot import PlotError, plot
+    from trustrl.run.plot import PlotError, plot
 
     try:
         out, _, found = plot(args.runs, args.out, args.metric, args.x, args.title, args.smooth)
@@ -410,7 +410,7 @@ def cmd_export(argv: list[str]) -> int:
         help="export the distribution's mode as the action (the default and only choice)",
     )
     args = parser.parse_args(argv)
-    from trustrl.export import FORMATS, ExportError, export_policy
+    from trustrl.run.export import FORMATS, ExportError, export_policy
 
     if args.format not in FORMATS:
         raise UsageError(f"unknown export format {args.format!r}; choose from {', '.join(FORMATS)}")
@@ -464,8 +464,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from trustrl.checkpoint import CheckpointError
-    from trustrl.distributed import RayUnavailableError  # imports no Ray
+    from trustrl.remote import RayUnavailableError  # imports no Ray
+    from trustrl.run.checkpoint import CheckpointError
 
     try:
         return COMMANDS[command](rest)
@@ -478,8 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trustrl: error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
-        from trustrl.distributed.runners import RunnerFailedError
-        from trustrl.trainer import TrainingError  # imported once it may be one
+        from trustrl.remote.runners import RunnerFailedError
+        from trustrl.run.trainer import TrainingError  # imported once it may be one
 
         if not isinstance(exc, TrainingError | RunnerFailedError):
             raise

@@ -25,8 +25,8 @@ import numpy as np
 from trustrl.normalize import RunningStats
 
 if TYPE_CHECKING:
-    from trustrl.policy import Policy
-    from trustrl.rows import AgentGroup
+    from trustrl.envs.rows import AgentGroup
+    from trustrl.learner.policy import Policy
 
 
 @dataclass(frozen=True)
@@ -162,6 +162,10 @@ def join(batches: Sequence[RolloutBatch], mixed: bool = False) -> RolloutBatch:
     )
 
 
+class CollectionStopped(Exception):
+    """A runner was asked to stop (``Runner.stop``) while it waited for rollouts."""
+
+
 class Runner(Protocol):
     """Where a collector runs: in this process (``Collector`` itself) or elsewhere
     (``distributed.runners.RayRunners``)."""
@@ -181,6 +185,6 @@ class Runner(Protocol):
 
     def stop(self) -> None:
         """Asked from a signal handler: a ``collect`` waiting on something outside the
-        learner (external agents) gives up with ``external.CollectionStopped``."""
+        learner (external agents) gives up with ``CollectionStopped``."""
 
     def close(self) -> None: ...

@@ -1,0 +1,185 @@
+"""The collector's inference path: a Policy's forward pass in numpy, on a weight snapshot.
+
+Collection runs the networks on a handful of rows per env step (4 for the usual
+CartPole setting), where torch spends far longer dispatching each op (a few
+microseconds, some 15 ops per step) than computing it. The same arithmetic on numpy
+arrays costs about a microsecond per op, so this is the one path the collector acts
+with; the update keeps torch, for autograd. ``tests/test_inference.py`` checks that
+both give the same log-probabilities and values. The arithmetic is the numpy twins':
+the MLP of kernels.py and the heads of distributions.py, which the gradient code uses too.
+
+``Inference(snapshot)`` is built from a policy snapshot (contract.py: numpy weights,
+pre-transposed here for ``x @ W``, and normalizer statistics), never from the learner's
+modules, so it is what a runner in another process holds between snapshots. It takes
+observations already normalized by its own copy of the observation statistics
+(``obs_normalizer``), frozen for a rollout unless the collector updates it per step.
+
+Per env step only the actor runs (``act``); the log-probabilities and the critic run once
+per rollout on what the steps stored (``log_prob``, ``value``). An earlier version fused
+actor and critic into one network per step; with the critic out of the step, the fusion
+saved nothing and is gone.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from trustrl.acting import kernels
+from trustrl.contract import GroupSnapshot
+from trustrl.normalize import MeanStd
+
+if TYPE_CHECKING:
+    from trustrl.learner.policy import Policy
+
+
+def _layers(weights: dict[str, np.ndarray], prefix: str) -> list[kernels.Dense]:
+    """The linear layers under ``prefix`` in the order the module holds them (a
+    ``state_dict`` keeps registration order: input layer first)."""
+    names = [
+        k[: -len(".weight")] for k in weights if k.startswith(prefix) and k.endswith(".weight")
+    ]
+    return [kernels.Dense(weights[f"{n}.weight"], weights[f"{n}.bias"]) for n in names]
+
+
+class Inference:
+    """Sampling, log-probabilities and values of a Policy, in numpy (float32).
+
+    Acting is split so that an env step does only what choosing the action needs:
+
+    * ``noise``, once per rollout: every step's random draws at once (Gumbel noise for
+      discrete heads, the scaled normal draw for Gaussian ones);
+    * ``act``, per step: the actor's outputs and the action, argmax(logits + Gumbel)
+      or mean + std z;
+    * ``log_prob`` and ``value``, once per rollout, on every step's stored outputs and
+      inputs: one batched call where a step would make a dozen tiny ones.
+
+    ``step`` chains them for a single batch of rows.
+    """
+
+    def __init__(self, snapshot: GroupSnapshot) -> None:
+        """Acting state from a snapshot: no torch module is read, none is written."""
+        description, weights = snapshot.description, snapshot.weights
+        spec = description["spec"]
+        self.num_agents = description.get("num_agents", 1)
+        self.per_agent = description.get("per_agent", False)
+        self.agent_id = description.get("agent_id", False)
+        obs_clip = description["obs_clip"]
+        # Acting copies of the learner's statistics: the collector may update these (per
+        # step collection) without touching the learner's.
+        obs_stats, critic_stats = (
+            snapshot.stats("obs_normalizer"),
+            snapshot.stats("critic_normalizer"),
+        )
+        self.obs_normalizer = MeanStd.of_stats(obs_stats, obs_clip) if obs_stats else None
+        self.critic_normalizer = MeanStd.of_stats(critic_stats, obs_clip) if critic_stats else None
+        value = snapshot.stats("value_normalizer")
+        # Value normalization: the critic's output in return units is raw * std + mean.
+        self.value_scale = (
+            (np.sqrt(value.var).astype(np.float32), value.mean.astype(np.float32))
+            if value is not None
+            else None
+        )
+        self.activation = description["policy"]["activation"]
+        # The actor's layers then the head's linear one; the critic's, the value last.
+        self.actor = [
+            *_layers(weights, "actor."),
+            kernels.Dense(weights["head.linear.weight"], weights["head.linear.bias"]),
+        ]
+        self.critic = _layers(weights, "critic.")
+        log_std = weights.get("head.log_std")
+        self.head = kernels.numpy_head(
+            spec["action_kind"],
+            spec.get("nvec", ()),
+            log_std.copy() if log_std is not None else None,
+        )
+        self.width = self.head.width  # head outputs per row: logits, or the Gaussian means
+
+    @classmethod
+    def of(cls, policy: Policy) -> Inference:
+        """A snapshot of ``policy`` as it is now."""
+        return cls(GroupSnapshot.of(policy))
+
+    def _with_id(self, x: np.ndarray, agent: np.ndarray | None) -> np.ndarray:
+        if not self.agent_id:
+            return x
+        assert agent is not None
+        one_hot = np.zeros((len(x), self.num_agents), dtype=np.float32)
+        one_hot[np.arange(len(x)), agent] = 1.0
+        return np.concatenate([x, one_hot], -1)
+
+    def _head_out(self, x: np.ndarray, agent: np.ndarray | None) -> np.ndarray:
+        actor_in = x if self.per_agent else self._with_id(x, agent)
+        return kernels.output(self.actor, self.activation, actor_in, agent)
+
+    def noise(self, rng: np.random.Generator, steps: int, agent: np.ndarray) -> np.ndarray:
+        """(steps, rows, width) draws for a rollout of ``steps`` steps of the rows whose
+        agents ``agent`` (rows,) gives: what ``act`` adds to the head outputs."""
+        return self.head.noise(rng, steps, agent)
+
+    def act(
+        self,
+        x: np.ndarray,
+        mask: np.ndarray | None,
+        noise: np.ndarray,
+        agent: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Normalized observations (rows, obs_dim) and one step's ``noise`` rows ->
+        (actions, head outputs)."""
+        out = self._head_out(x, agent)
+        return self.head.act(out, mask, noise, agent), out
+
+    def mode(
+        self, x: np.ndarray, mask: np.ndarray | None, agent: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The deterministic actions for normalized observations: ``act`` without noise
+        (the argmax of the logits, per block for multi-discrete, or the Gaussian mean)."""
+        return self.head.act(self._head_out(x, agent), mask, None, agent)
+
+    def log_prob(
+        self,
+        out: np.ndarray,
+        actions: np.ndarray,
+        mask: np.ndarray | None,
+        noise: np.ndarray,
+        agent: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Log-probabilities (B,) of the actions ``act`` chose from head outputs ``out``
+        with ``noise``, all (B, ...) (a rollout's steps flattened)."""
+        head = self.head
+        if isinstance(head, kernels.NumpyGaussian):
+            return head.log_prob_of_noise(noise, agent)
+        return head.log_prob(head.params(out, mask), actions)
+
+    def step(
+        self,
+        x: np.ndarray,
+        mask: np.ndarray | None,
+        rng: np.random.Generator,
+        critic_x: np.ndarray | None = None,
+        agent: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Normalized observations (B, obs_dim) -> (actions, log-probabilities, values)."""
+        rows = agent if agent is not None else np.zeros(len(x), dtype=np.int64)
+        noise = self.noise(rng, 1, rows)[0]
+        actions, out = self.act(x, mask, noise, agent)
+        logprob = self.log_prob(out, actions, mask, noise, agent)
+        return actions, logprob, self.value(x, critic_x, agent)
+
+    def value(
+        self, x: np.ndarray, critic_x: np.ndarray | None = None, agent: np.ndarray | None = None
+    ) -> np.ndarray:
+        """``Policy.value``: the critic's output in return units."""
+        raw = self._raw_value(x, critic_x, agent)
+        if self.value_scale is None:
+            return raw
+        std, mean = self.value_scale
+        return raw * std + mean
+
+    def _raw_value(
+        self, x: np.ndarray, critic_x: np.ndarray | None, agent: np.ndarray | None
+    ) -> np.ndarray:
+        """The critic's output (standardized with value normalization): ``value_raw``."""
+        critic_in = self._with_id(critic_x if critic_x is not None else x, agent)
+        return kernels.output(self.critic, self.activation, critic_in)[:, 0]

@@ -1,0 +1,478 @@
+"""The actor-critic: observation normalizer, actor MLP with an action head, critic MLP.
+
+The normalizer lives inside the policy (``RunningMeanStd``, computing with normalize.py's
+numpy ``MeanStd``), so one ``state_dict`` holds everything needed to act. Actor and
+critic are separate networks: TRPO and the separate-optimizer PPO setting step them
+independently, and a critic loss can never reach actor weights.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict
+from typing import Any, cast
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from trustrl.config import PolicyConfig
+from trustrl.envs.rows import AgentGroup
+from trustrl.envs.spaces import SpaceSpec
+from trustrl.learner.heads import (
+    ActionHead,
+    CategoricalHead,
+    DiagGaussianHead,
+    MultiCategoricalHead,
+    StackedLinear,
+)
+from trustrl.normalize import MeanStd, RunningStats
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+class RunningMeanStd(nn.Module):
+    """A normalizer that is part of the model: ``MeanStd``'s statistics as float64
+    buffers, so that they ride along in ``state_dict``; ``forward`` standardizes and clips
+    a tensor. Every update is ``MeanStd``'s, on numpy views of the buffers (``numpy``)."""
+
+    mean: Tensor
+    var: Tensor
+    count: Tensor
+
+    def __init__(
+        self, shape: tuple[int, ...] | int = (), clip: float = 10.0, epsilon: float = 1e-8
+    ):
+        super().__init__()
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        self.clip = clip
+        self.epsilon = epsilon
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self._numpy: tuple[Tensor, MeanStd] | None = None
+
+    @property
+    def numpy(self) -> MeanStd:
+        """The statistics as a ``MeanStd`` over views of the buffers (cached while they are
+        the same tensors; ``load_state_dict`` copies in place, so the views stay valid)."""
+        cached = self._numpy
+        # _buffers directly: nn.Module's attribute lookup is slow for a per-step call.
+        if cached is None or cached[0] is not self._buffers["mean"]:
+            arrays = (self.mean.numpy(), self.var.numpy(), self.count.numpy())
+            cached = self._numpy = (
+                self.mean,
+                MeanStd(arrays[0].shape, self.clip, self.epsilon, arrays),
+            )
+        return cached[1]
+
+    def update(self, batch: Tensor | np.ndarray) -> None:
+        """Fold in a batch of shape (B, *shape) (``MeanStd.update``)."""
+        self.numpy.update(batch.detach().numpy() if isinstance(batch, Tensor) else batch)
+
+    def stats(self) -> RunningStats:
+        """A copy of the statistics, for a policy snapshot."""
+        return self.numpy.stats()
+
+    def merge(self, delta: RunningStats) -> None:
+        """Fold in a runner's delta (``MeanStd.merge``): the learner's one way of taking in
+        observations."""
+        self.numpy.merge(delta)
+
+    def forward(self, x: Tensor) -> Tensor:
+        scale = torch.rsqrt(self.var.to(x.dtype) + self.epsilon)
+        return ((x - self.mean.to(x.dtype)) * scale).clamp(-self.clip, self.clip)
+
+
+def mlp(in_features: int, hidden_sizes: tuple[int, ...], activation: str) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for width in hidden_sizes:
+        layers += [nn.Linear(in_features, width), ACTIVATIONS[activation]()]
+        in_features = width
+    return nn.Sequential(*layers)
+
+
+def orthogonal_init(module: nn.Module, gain: float) -> None:
+    """Orthogonal weights, zero biases (Saxe et al. 2014; Andrychowicz et al. 2021, C57)."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear):
+            nn.init.orthogonal_(layer.weight, gain=gain)
+            nn.init.zeros_(layer.bias)
+        elif isinstance(layer, StackedLinear):
+            for agent in range(layer.num_agents):
+                nn.init.orthogonal_(layer.weight[agent], gain=gain)
+            nn.init.zeros_(layer.bias)
+
+
+class StackedMLP(nn.Module):
+    """Per-agent MLPs evaluated together: one batched matmul per layer, no loop over agents."""
+
+    def __init__(
+        self, num_agents: int, in_features: int, hidden_sizes: tuple[int, ...], activation: str
+    ) -> None:
+        super().__init__()
+        sizes = (in_features, *hidden_sizes)
+        self.layers = nn.ModuleList(
+            StackedLinear(num_agents, a, b) for a, b in itertools.pairwise(sizes)
+        )
+        self.activation = ACTIVATIONS[activation]()
+
+    def forward(self, x: Tensor, agent: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = self.activation(layer(x, agent))
+        return x
+
+
+def make_head(
+    spec: SpaceSpec, in_features: int, config: PolicyConfig, num_agents: int | None = None
+) -> nn.Module:
+    """The action head; ``num_agents`` set: one output layer per agent, stacked."""
+    if spec.action_kind == "discrete":
+        return CategoricalHead(in_features, spec.nvec[0], num_agents)
+    if spec.action_kind == "multidiscrete":
+        return MultiCategoricalHead(in_features, spec.nvec, num_agents)
+    return DiagGaussianHead(in_features, spec.action_shape[0], config.log_std_init, num_agents)
+
+
+class Policy(nn.Module):
+    """Actor-critic over flat float32 observations (B, obs_dim).
+
+    Multi-agent groups use the same module with an agent index per row: ``num_agents``
+    agents share the spaces; ``per_agent`` gives each its own actor (stacked weights),
+    otherwise one actor serves all, with the agent's one-hot id appended when
+    ``agent_id``. The critic is one per group, shared by its agents, reading the
+    observation or ``critic_dim`` features of a global state (plus the agent id).
+    """
+
+    def __init__(
+        self,
+        spec: SpaceSpec,
+        config: PolicyConfig | None = None,
+        normalize_obs: bool = False,
+        obs_clip: float = 10.0,
+        num_agents: int = 1,
+        per_agent: bool = False,
+        agent_id: bool = False,
+        critic_dim: int | None = None,
+        value_norm: bool = False,
+    ) -> None:
+        super().__init__()
+        config = config or PolicyConfig()
+        self.spec = spec
+        self.config = config
+        self.num_agents = num_agents
+        self.per_agent = per_agent
+        self.agent_id = agent_id
+        self.critic_dim = critic_dim
+        self.obs_normalizer = RunningMeanStd(spec.obs_dim, clip=obs_clip) if normalize_obs else None
+        self.critic_normalizer = (
+            RunningMeanStd(critic_dim, clip=obs_clip) if normalize_obs and critic_dim else None
+        )
+        # Value normalization: the critic predicts standardized returns.
+        self.value_normalizer = RunningMeanStd((), clip=1e6) if value_norm else None
+        hidden = config.hidden_sizes
+        id_width = num_agents if agent_id else 0
+        self.actor: nn.Module
+        self.head: ActionHead
+        if per_agent:
+            self.actor = StackedMLP(num_agents, spec.obs_dim, hidden, config.activation)
+            self.head = make_head(spec, hidden[-1], config, num_agents)  # type: ignore[assignment]
+        else:
+            self.actor = mlp(spec.obs_dim + id_width, hidden, config.activation)
+            self.head = make_head(spec, hidden[-1], config)  # type: ignore[assignment]
+        critic_in = (critic_dim or spec.obs_dim) + id_width
+        self.critic = nn.Sequential(
+            mlp(critic_in, hidden, config.activation), nn.Linear(hidden[-1], 1)
+        )
+        if config.ortho_init:
+            orthogonal_init(self.actor, math.sqrt(2))
+            orthogonal_init(self.critic[0], math.sqrt(2))
+            # A near-uniform initial policy keeps every action explorable.
+            orthogonal_init(self.head.linear, 0.01)  # type: ignore[attr-defined]
+            orthogonal_init(self.critic[1], 1.0)
+
+    # The pieces the updates use.
+
+    def normalize(self, obs: Tensor) -> Tensor:
+        return self.obs_normalizer(obs) if self.obs_normalizer is not None else obs
+
+    def normalize_critic(self, critic_obs: Tensor) -> Tensor:
+        if self.critic_normalizer is None:
+            return critic_obs
+        return self.critic_normalizer(critic_obs)
+
+    def _with_id(self, x: Tensor, agent: Tensor | None) -> Tensor:
+        if not self.agent_id:
+            return x
+        if agent is None:
+            raise ValueError("this policy appends agent ids: give the agent index of every row")
+        return torch.cat([x, nn.functional.one_hot(agent, self.num_agents).to(x.dtype)], -1)
+
+    def dist_params(
+        self, obs: Tensor, mask: Tensor | None = None, agent: Tensor | None = None
+    ) -> Tensor:
+        if self.per_agent:
+            if agent is None:
+                raise ValueError("per-agent actors need the agent index of every row")
+            return self.head.forward(self.actor(obs, agent), mask, agent)
+        return self.head.forward(self.actor(self._with_id(obs, agent)), mask)
+
+    def value_raw(
+        self, obs: Tensor, critic_obs: Tensor | None = None, agent: Tensor | None = None
+    ) -> Tensor:
+        """The critic's output (standardized when value normalization is on)."""
+        x = critic_obs if critic_obs is not None else obs
+        return self.critic(self._with_id(x, agent)).squeeze(-1)
+
+    def critic_value(
+        self, obs: Tensor, critic_obs: Tensor | None = None, agent: Tensor | None = None
+    ) -> Tensor:
+        """The critic's value of normalized inputs, in reward units (``value`` is the same
+        from raw observations)."""
+        raw = self.value_raw(obs, critic_obs, agent)
+        norm = self.value_normalizer
+        if norm is None:
+            return raw
+        return raw * norm.var.sqrt().to(raw.dtype) + norm.mean.to(raw.dtype)
+
+    def value_targets(self, returns: Tensor, old_values: Tensor) -> tuple[Tensor, Tensor]:
+        """Returns and old values in the units of ``value_raw``; with value normalization
+        this first folds the returns into the running statistics."""
+        norm = self.value_normalizer
+        if norm is None:
+            return returns, old_values
+        norm.update(returns)
+        mean, std = norm.mean.to(returns.dtype), norm.var.sqrt().to(returns.dtype) + 1e-8
+        return (returns - mean) / std, (old_values - mean) / std
+
+    def actor_parameters(self) -> list[nn.Parameter]:
+        return [*self.actor.parameters(), *self.head.parameters()]  # type: ignore[attr-defined]
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        return list(self.critic.parameters())
+
+    @torch.inference_mode()
+    def step(
+        self,
+        obs: Tensor,
+        mask: Tensor | None = None,
+        generator: torch.Generator | None = None,
+        critic_obs: Tensor | None = None,
+        agent: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Sampling in torch on normalized obs: (actions, logprob, value). The collector acts
+        with the numpy equivalent (inference.py); this is the reference it is tested against."""
+        params = self.dist_params(obs, mask, agent)
+        actions = self.head.sample(params, generator)
+        return (
+            actions,
+            self.head.log_prob(params, actions),
+            self.critic_value(obs, critic_obs, agent),
+        )
+
+    def register_agent(self) -> list[tuple[nn.Parameter, nn.Parameter, int]]:
+        """Add one agent: a fresh actor of its own in per-agent mode, a new id column for
+        the actor and the critic when ids are appended (zero weights: every existing
+        agent's outputs are unchanged).
+
+        Returns (old parameter, new parameter, dimension grown) for each replaced
+        parameter, for ``trustrl.learner.optim.Adam.grow``.
+        """
+        grown: list[tuple[nn.Parameter, nn.Parameter, int]] = []
+
+        def replace(name: str, value: Tensor, dim: int) -> None:
+            owner, _, leaf = name.rpartition(".")
+            module = self.get_submodule(owner)
+            old = getattr(module, leaf)
+            new = nn.Parameter(value)
+            setattr(module, leaf, new)
+            grown.append((old, new, dim))
+
+        if self.per_agent:
+            fresh = Policy(self.spec, self.config, num_agents=1, per_agent=True)
+            fresh_params = dict(fresh.named_parameters())
+            for name, param in list(self.named_parameters()):
+                if name.startswith(("actor.", "head.")):
+                    replace(name, torch.cat([param.detach(), fresh_params[name].detach()], 0), 0)
+        if self.agent_id:
+            names = (
+                ["critic.0.0.weight"] if self.per_agent else ["actor.0.weight", "critic.0.0.weight"]
+            )
+            params = dict(self.named_parameters())
+            for name in names:
+                weight = params[name].detach()
+                replace(name, torch.cat([weight, weight.new_zeros(len(weight), 1)], 1), 1)
+        self.num_agents += 1
+        return grown
+
+    # The user-facing API.
+
+    @torch.inference_mode()
+    def act(self, obs: Any, deterministic: bool = True, mask: Any = None) -> Any:
+        """Action(s) for the env from raw observation(s).
+
+        ``obs`` is one observation (as the env returns it, a dict with 'observation' and
+        'action_mask' included) or a batch; the answer has the same batching. A mask may
+        also be given directly (e.g. from ``info["action_mask"]``).
+        """
+        spec = self.spec
+        single = spec.is_single(obs)
+        if single:
+            obs = _add_batch_dim(obs)
+            if mask is not None:
+                mask = np.asarray(mask)[None]
+        flat, dict_mask = spec.split(obs)
+        if mask is None:
+            mask = dict_mask
+        mask_t = torch.as_tensor(np.asarray(mask, dtype=bool)) if mask is not None else None
+        x = self.normalize(torch.as_tensor(flat))
+        params = self.dist_params(x, mask_t)
+        actions = self.head.mode(params) if deterministic else self.head.sample(params)
+        env_actions = spec.to_env(actions.numpy())
+        return env_actions[0] if single else env_actions
+
+    @torch.inference_mode()
+    def value(self, obs: Any) -> Any:
+        """The critic's estimate of the return from raw observation(s), as ``act`` takes
+        them: the observation normalizer is applied and, with value normalization, the
+        output is put back into reward units (of the rewards the critic was trained on:
+        scaled ones when ``env.normalize_reward`` is on). One observation gives a float,
+        a batch a float32 array (B,).
+
+        Single-agent policies only: a multi-agent group's critic reads a global state and
+        the agent's id (``MultiAgentPolicy`` has no ``value``).
+        """
+        if self.critic_dim is not None or self.num_agents > 1:
+            raise ValueError(
+                "Policy.value reads one observation per row: this policy's critic takes a "
+                "global state and agent ids (multi-agent)"
+            )
+        single = self.spec.is_single(obs)
+        if single:
+            obs = _add_batch_dim(obs)
+        flat, _ = self.spec.split(obs)
+        values = self.critic_value(self.normalize(torch.as_tensor(flat))).numpy()
+        return float(values[0]) if single else values
+
+    def describe(self) -> dict[str, Any]:
+        """What it takes to rebuild this module (stored in checkpoints as JSON)."""
+        return {
+            "spec": self.spec.to_json(),
+            "policy": {
+                k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.config).items()
+            },
+            "normalize_obs": self.obs_normalizer is not None,
+            "obs_clip": self.obs_normalizer.clip if self.obs_normalizer is not None else 10.0,
+            "num_agents": self.num_agents,
+            "per_agent": self.per_agent,
+            "agent_id": self.agent_id,
+            "critic_dim": self.critic_dim,
+            "value_norm": self.value_normalizer is not None,
+        }
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any]) -> Policy:
+        policy_table = dict(description["policy"])
+        policy_table["hidden_sizes"] = tuple(policy_table["hidden_sizes"])
+        return cls(
+            SpaceSpec.from_json(description["spec"]),
+            PolicyConfig(**policy_table),
+            normalize_obs=description["normalize_obs"],
+            obs_clip=description["obs_clip"],
+            num_agents=description.get("num_agents", 1),
+            per_agent=description.get("per_agent", False),
+            agent_id=description.get("agent_id", False),
+            critic_dim=description.get("critic_dim"),
+            value_norm=description.get("value_norm", False),
+        )
+
+
+def _add_batch_dim(obs: Any) -> Any:
+    if isinstance(obs, dict):
+        return {k: np.asarray(v)[None] for k, v in obs.items()}
+    return np.asarray(obs)[None]
+
+
+class MultiAgentPolicy(nn.Module):
+    """One ``Policy`` per agent group; acts on PettingZoo observation dicts."""
+
+    def __init__(self, groups: list[AgentGroup], policies: list[Policy]) -> None:
+        super().__init__()
+        self.groups = groups
+        self.policies = nn.ModuleList(policies)
+
+    @property
+    def members(self) -> list[Policy]:
+        return cast("list[Policy]", list(self.policies))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "groups": [
+                {"name": g.name, "agents": list(g.agents), "policy": p.describe()}
+                for g, p in zip(self.groups, self.members, strict=True)
+            ]
+        }
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any]) -> MultiAgentPolicy:
+        groups, policies = [], []
+        for entry in description["groups"]:
+            policy = Policy.from_description(entry["policy"])
+            groups.append(
+                AgentGroup(entry["name"], tuple(entry["agents"]), policy.spec, policy.critic_dim)
+            )
+            policies.append(policy)
+        return cls(groups, policies)
+
+    @torch.inference_mode()
+    def act(
+        self, observations: dict[str, Any], deterministic: bool = True, state: Any = None
+    ) -> dict[str, Any]:
+        """Actions for the agents present in ``observations`` (a PettingZoo obs dict)."""
+        actions: dict[str, Any] = {}
+        for group, policy in zip(self.groups, self.members, strict=True):
+            present = [a for a in group.agents if a in observations]
+            if not present:
+                continue
+            raw = [observations[a] for a in present]
+            for name, obs in zip(present, raw, strict=True):
+                if not group.spec.is_single(obs):
+                    raise ValueError(
+                        f"{name}: expected one observation of shape {group.spec.obs_shape}, "
+                        f"got shape {np.shape(obs)}"
+                    )
+            if group.spec.dict_obs:
+                batch: Any = {
+                    "observation": np.stack([r["observation"] for r in raw]),
+                    "action_mask": np.stack([r["action_mask"] for r in raw]),
+                }
+            else:
+                batch = np.stack([np.asarray(r, dtype=np.float32) for r in raw])
+            flat, mask = group.spec.split(batch)
+            agent = torch.tensor([group.agents.index(a) for a in present])
+            x = policy.normalize(torch.as_tensor(flat))
+            mask_t = torch.as_tensor(mask) if mask is not None else None
+            params = policy.dist_params(x, mask_t, agent)
+            chosen = policy.head.mode(params) if deterministic else policy.head.sample(params)
+            for a, action in zip(present, group.spec.to_env(chosen.numpy()), strict=True):
+                actions[a] = action
+        return actions
+
+
+def check_agents(policy: MultiAgentPolicy, env: Any, env_id: str) -> None:
+    """Refuse an env whose agents or spaces the policy was not trained for, naming them."""
+    missing = [a for g in policy.groups for a in g.agents if a not in env.possible_agents]
+    if missing:
+        raise ValueError(
+            f"this policy acts for agents {', '.join(missing)}, which {env_id} does not have "
+            f"(its agents: {', '.join(env.possible_agents)})"
+        )
+    for group in policy.groups:
+        for agent in group.agents:
+            spec = SpaceSpec.from_spaces(env.observation_space(agent), env.action_space(agent))
+            if not group.spec.compatible(spec):
+                raise ValueError(
+                    f"this policy was trained for {agent} with {group.spec.summary()}; "
+                    f"{env_id}'s {agent} has {spec.summary()}"
+                )

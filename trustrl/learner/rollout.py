@@ -1,0 +1,291 @@
+"""The one rollout buffer and the GAE sweep.
+
+Rows. A rollout is (T, N, ...) with N = num_envs (x agents, later). Row t of env i
+holds the observation the policy acted on, the action, its log-probability and value,
+and what the environment returned for that step.
+
+Episode boundaries under Gymnasium's NEXT_STEP autoreset. When step t ends an
+episode, the env returns the true final observation; the step after that ignores the
+action, resets, and returns the new episode's first observation with reward 0. We
+keep that "reset row" in the buffer with ``valid = False``: it is never trained on,
+and the value the policy computed on it, V(final observation), is exactly the
+bootstrap a truncated episode needs. So ``next_values[t] = values[t + 1]`` holds for
+every row, and one vectorized delta plus one reversed sweep does all the credit
+assignment. Only termination zeroes the bootstrap; termination and truncation both
+stop the accumulation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Generic, Self, TypeVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from trustrl.contract import GroupBatch
+    from trustrl.envs.rows import AgentGroup
+
+
+def gae(
+    rewards: Tensor,
+    values: Tensor,
+    next_values: Tensor,
+    terminated: Tensor,
+    truncated: Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2016) in one reversed sweep.
+
+    All inputs are (T, N) float tensors. ``next_values[t]`` is V of the observation that
+    step t returned (the final observation when step t ended the episode).
+    Returns (advantages, returns), both (T, N), with returns = advantages + values.
+    """
+    # Bootstrap through time limits: a truncated state is not terminal (Pardo et al. 2018).
+    # In numpy throughout: the same element-wise float32 arithmetic, at about a
+    # microsecond per op, where torch's per-op dispatch (slower still when it runs between
+    # numpy calls, see docs/performance.md round 4) would dominate (T steps of two ops).
+    r, v, nv = rewards.numpy(), values.numpy(), next_values.numpy()
+    term, trunc = terminated.numpy(), truncated.numpy()
+    d = r + gamma * nv * (1.0 - term) - v
+    c = gamma * lam * (1.0 - term) * (1.0 - trunc)
+    advantages = np.empty_like(d)
+    running = np.zeros_like(d[0])
+    for t in range(len(d) - 1, -1, -1):
+        running = d[t] + c[t] * running
+        advantages[t] = running
+    return torch.from_numpy(advantages), torch.from_numpy(advantages + v)
+
+
+class Rollout:
+    """Preallocated (T, N) storage filled by the collector and read by the update."""
+
+    def __init__(
+        self,
+        num_steps: int,
+        num_rows: int,
+        obs_dim: int,
+        action_shape: tuple[int, ...],
+        action_dtype: type[np.float32] | type[np.int64],
+        mask_dim: int | None = None,
+        critic_dim: int | None = None,
+        num_agents: int = 1,
+    ) -> None:
+        t, n = num_steps, num_rows
+        self.num_steps, self.num_rows = t, n
+        self.obs = torch.zeros((t, n, obs_dim))  # (T, N, obs_dim), normalized as acted on
+        # (T, N, critic_dim) critic input where it is not the observation (a global state).
+        self.critic_obs = torch.zeros((t, n, critic_dim)) if critic_dim is not None else None
+        # (N,) agent index of each row: rows are (env, agent) pairs, agent fastest.
+        self.agent = torch.arange(n) % num_agents
+        self.actions = torch.from_numpy(
+            np.zeros((t, n, *action_shape), action_dtype)
+        )  # (T, N, *act)
+        self.logprob = torch.zeros((t, n))  # (T, N), frozen at collection time
+        self.values = torch.zeros((t, n))  # (T, N)
+        self.rewards = torch.zeros((t, n))  # (T, N), after reward scaling
+        self.terminated = torch.zeros((t, n))  # (T, N), 1.0 where step t terminated
+        self.truncated = torch.zeros((t, n))  # (T, N), 1.0 where step t hit a time limit
+        # (T, N), False on reset rows and on rows of agents that already finished.
+        self.valid = torch.zeros((t, n), dtype=torch.bool)
+        # (T, N, A) allowed actions, only for masked discrete policies.
+        self.action_mask = (
+            torch.ones((t, n, mask_dim), dtype=torch.bool) if mask_dim is not None else None
+        )
+        self.last_value = torch.zeros(n)  # (N,), V of the observation after the last step
+        self.advantages = torch.zeros((t, n))  # (T, N)
+        self.returns = torch.zeros((t, n))  # (T, N)
+
+    @classmethod
+    def for_group(cls, group: AgentGroup, num_steps: int, num_envs: int) -> Rollout:
+        """Storage for one agent group: a row per (env, agent of the group)."""
+        spec = group.spec
+        return cls(
+            num_steps,
+            num_envs * group.num_agents,
+            spec.obs_dim,
+            spec.action_shape,
+            spec.action_dtype,
+            spec.mask_dim,
+            group.critic_dim,
+            group.num_agents,
+        )
+
+    @classmethod
+    def from_batch(cls, batch: GroupBatch, num_agents: int = 1) -> Rollout:
+        """The learner's rollout over a runner's arrays (zero-copy where the dtypes agree:
+        the endings become float flags for GAE)."""
+        steps, rows = batch.valid.shape
+        rollout = cls.__new__(cls)
+        rollout.num_steps, rollout.num_rows = steps, rows
+        rollout.agent = torch.arange(rows) % num_agents
+        for name in ("obs", "actions", "logprob", "values", "rewards", "valid", "last_value"):
+            setattr(rollout, name, _tensor(getattr(batch, name)))
+        for name in ("critic_obs", "action_mask"):
+            array = getattr(batch, name)
+            setattr(rollout, name, _tensor(array) if array is not None else None)
+        rollout.terminated = torch.from_numpy(batch.terminated.astype(np.float32))
+        rollout.truncated = torch.from_numpy(batch.truncated.astype(np.float32))
+        rollout.advantages = torch.zeros((steps, rows))
+        rollout.returns = torch.zeros((steps, rows))
+        return rollout
+
+    def compute_advantages(self, gamma: float, lam: float) -> None:
+        values = self.values.numpy()
+        next_values = torch.from_numpy(np.concatenate([values[1:], self.last_value.numpy()[None]]))
+        self.advantages, self.returns = gae(
+            self.rewards, self.values, next_values, self.terminated, self.truncated, gamma, lam
+        )
+
+    def flat(self) -> Batch:
+        """The valid rows as one flat batch (a gather: reset rows are dropped), gathered in
+        numpy (see ``gae``)."""
+        index = np.flatnonzero(self.valid.numpy())
+
+        def rows(x: Tensor) -> Tensor:
+            array = x.numpy()
+            return torch.from_numpy(array.reshape(-1, *array.shape[2:]).take(index, 0))
+
+        return Batch(
+            obs=rows(self.obs),
+            actions=rows(self.actions),
+            logprob=rows(self.logprob),
+            values=rows(self.values),
+            advantages=rows(self.advantages),
+            returns=rows(self.returns),
+            action_mask=rows(self.action_mask) if self.action_mask is not None else None,
+            critic_obs=rows(self.critic_obs) if self.critic_obs is not None else None,
+            agent=torch.from_numpy(np.tile(self.agent.numpy(), self.num_steps).take(index)),
+        )
+
+
+def _tensor(array: np.ndarray) -> Tensor:
+    """A tensor over the array's memory; a copy where it is read-only (arrays Ray hands
+    over from its object store are)."""
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
+# The fields of a batch, in the order of its constructor's arguments.
+_FIELDS = (
+    *("obs", "actions", "logprob", "values", "advantages", "returns"),
+    *("action_mask", "critic_obs", "agent"),
+)
+
+ArrayT = TypeVar("ArrayT", Tensor, np.ndarray)
+
+
+class _Rows(Generic[ArrayT]):
+    """Flat training samples: every field's first dimension is the sample index. Batch
+    holds tensors; its ``numpy()`` view, NumpyBatch, holds arrays over the same memory."""
+
+    __slots__ = _FIELDS
+
+    obs: ArrayT  # (B, obs_dim)
+    actions: ArrayT  # (B, *act)
+    logprob: ArrayT  # (B,)
+    values: ArrayT  # (B,)
+    advantages: ArrayT  # (B,)
+    returns: ArrayT  # (B,)
+    action_mask: ArrayT | None  # (B, A) or None
+    critic_obs: ArrayT | None  # (B, critic_dim) or None: the critic reads obs
+    agent: ArrayT  # (B,)
+
+    def __init__(
+        self,
+        obs: ArrayT,
+        actions: ArrayT,
+        logprob: ArrayT,
+        values: ArrayT,
+        advantages: ArrayT,
+        returns: ArrayT,
+        action_mask: ArrayT | None,
+        critic_obs: ArrayT | None,
+        agent: ArrayT,
+    ) -> None:
+        self.obs, self.actions, self.logprob, self.values = obs, actions, logprob, values
+        self.advantages, self.returns = advantages, returns
+        self.action_mask, self.critic_obs, self.agent = action_mask, critic_obs, agent
+
+    def minibatches(self, count: int, generator: torch.Generator) -> Iterator[Self]:
+        """One epoch: ``count`` minibatches in random order. The shuffled batch is gathered
+        once; the minibatches are slices (views) of it. One minibatch is the whole batch,
+        whose order no loss depends on: no shuffle, no gather."""
+        if count <= 1:
+            yield self
+            return
+        size = len(self)
+        step = max(1, math.ceil(size / count))
+        shuffled = self[torch.randperm(size, generator=generator).numpy()]
+        for start in range(0, size, step):
+            yield shuffled[start : start + step]
+
+    def __len__(self) -> int:
+        return len(self.obs)
+
+    def __getitem__(self, index: np.ndarray | slice) -> Self:
+        """Rows by index array (a gather) or by slice (views, no copy)."""
+
+        def maybe(x: ArrayT | None) -> ArrayT | None:
+            return x[index] if x is not None else None
+
+        return type(self)(
+            self.obs[index],
+            self.actions[index],
+            self.logprob[index],
+            self.values[index],
+            self.advantages[index],
+            self.returns[index],
+            maybe(self.action_mask),
+            maybe(self.critic_obs),
+            self.agent[index],
+        )
+
+
+class Batch(_Rows[Tensor]):
+    __slots__ = ()
+
+    def __init__(
+        self,
+        obs: Tensor,
+        actions: Tensor,
+        logprob: Tensor,
+        values: Tensor,
+        advantages: Tensor,
+        returns: Tensor,
+        action_mask: Tensor | None = None,
+        critic_obs: Tensor | None = None,
+        agent: Tensor | None = None,
+    ) -> None:
+        if agent is None:
+            agent = torch.zeros(len(obs), dtype=torch.long)
+        super().__init__(
+            obs, actions, logprob, values, advantages, returns, action_mask, critic_obs, agent
+        )
+
+    def numpy(self) -> NumpyBatch:
+        """The same rows as numpy arrays over the same memory. The numpy gradients take
+        their minibatches from it: indexing arrays costs a fraction of indexing tensors,
+        whose ops run slowly between numpy calls (docs/performance.md, round 4)."""
+
+        def maybe(x: Tensor | None) -> np.ndarray | None:
+            return x.numpy() if x is not None else None
+
+        return NumpyBatch(
+            self.obs.numpy(),
+            self.actions.numpy(),
+            self.logprob.numpy(),
+            self.values.numpy(),
+            self.advantages.numpy(),
+            self.returns.numpy(),
+            maybe(self.action_mask),
+            maybe(self.critic_obs),
+            self.agent.numpy(),
+        )
+
+
+class NumpyBatch(_Rows[np.ndarray]):
+    __slots__ = ()

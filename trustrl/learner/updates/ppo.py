@@ -1,0 +1,215 @@
+"""The PPO update step: shuffled minibatch epochs over one rollout -> metrics.
+
+The loop is ``PPOUpdate.__call__``; the formulas are losses.py's (``policy_terms``,
+``value_terms``), which the gradient backend (grads.py: autograd, or their numpy twins
+with a hand-written backward pass) evaluates, one call per minibatch.
+
+Two optimizer settings share the loop. Shared (the CleanRL/SB3 habit): one Adam over
+all weights, loss = policy - ent_coef * entropy + vf_coef * value, and a KL stop ends
+the whole update. Separate (Spinning Up and the multi-agent kernel): an actor Adam
+at ``pi_lr`` and a critic Adam at ``vf_lr``; the critic keeps fitting for its own
+``vf_epochs`` after the policy stopped on KL.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from trustrl.config import PPOConfig
+from trustrl.learner.losses import explained_variance
+from trustrl.learner.optim import Adam, clip_grad_norm
+from trustrl.learner.policy import Policy
+from trustrl.learner.rollout import Rollout
+from trustrl.learner.updates.grads import (
+    Gradients,
+    Grads,
+    LossSettings,
+    Terms,
+    critic_process_possible,
+    make_gradients,
+)
+
+
+class PPOUpdate:
+    def __init__(self, policy: Policy, config: PPOConfig, seed: int = 0) -> None:
+        self.config = config
+        self.generator = torch.Generator().manual_seed(seed)
+        self.optimizers: dict[str, Adam]
+        self.base_lr: dict[str, float]
+        # The critic's share of each minibatch in a second process (critic_worker.py):
+        # weights and gradients then live in shared memory.
+        shared = config.critic_process and critic_process_possible(policy)
+        # eps=1e-5 rather than Adam's 1e-8: the value of OpenAI baselines' PPO2, kept by
+        # CleanRL; it damps steps on weights whose gradients are consistently tiny.
+        if config.separate_optimizers:
+            assert config.pi_lr is not None and config.vf_lr is not None
+            self.base_lr = {"pi": config.pi_lr, "vf": config.vf_lr}
+            self.optimizers = {
+                "pi": Adam(policy.actor_parameters(), config.pi_lr, eps=1e-5, shared=shared),
+                "vf": Adam(policy.critic_parameters(), config.vf_lr, eps=1e-5, shared=shared),
+            }
+        else:
+            self.base_lr = {"all": config.learning_rate}
+            self.optimizers = {
+                "all": Adam(policy.parameters(), config.learning_rate, eps=1e-5, shared=shared)
+            }
+        # Where the system refused shared memory, the optimizers fell back (with a warning).
+        self.critic_process = shared and all(o.shared for o in self.optimizers.values())
+        self.gradients: Gradients = make_gradients(
+            policy, LossSettings.of(config), self.optimizers, self.critic_process
+        )
+
+    def close(self) -> None:
+        """Stop the critic's worker process, if one runs (the next call starts another)."""
+        self.gradients.close()
+
+    def register_agent(self, grown: list[tuple[nn.Parameter, nn.Parameter, int]]) -> None:
+        """Extend optimizer state for parameters that ``Policy.register_agent`` grew."""
+        for optimizer in self.optimizers.values():
+            optimizer.grow(grown)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizers": {k: opt.state_dict() for k, opt in self.optimizers.items()},
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, opt in self.optimizers.items():
+            opt.load_state_dict(state["optimizers"][key])
+        self.generator.set_state(state["generator"])
+
+    def __call__(self, policy: Policy, rollout: Rollout, progress: float) -> dict[str, float]:
+        """One update on a rollout whose advantages are computed; ``progress`` in [0, 1)."""
+        cfg = self.config
+        remaining = 1.0 - progress
+        for key, opt in self.optimizers.items():
+            lr = self.base_lr[key] * (remaining if cfg.anneal_lr else 1.0)
+            for group in opt.param_groups:
+                group["lr"] = lr
+        clip_coef = cfg.clip_coef * (remaining if cfg.anneal_clip else 1.0)
+
+        batch = rollout.flat()
+        batch.returns, batch.values = policy.value_targets(batch.returns, batch.values)
+        separate = cfg.separate_optimizers
+        pi_epochs = cfg.update_epochs
+        vf_epochs = (cfg.vf_epochs or cfg.update_epochs) if separate else pi_epochs
+
+        pi_stopped, stop_iter = False, pi_epochs
+        epoch_stats: list[dict[str, list[float]]] = []
+        skipped: dict[str, int] = {}
+        clip_fractions: list[float] = []
+        grads = self.gradients
+        for epoch in range(max(pi_epochs, vf_epochs)):
+            if not ((epoch < pi_epochs and not pi_stopped) or (epoch < vf_epochs and separate)):
+                break
+            stats: dict[str, list[float]] = {"pi": [], "vf": [], "kl": [], "entropy": []}
+            epoch_stats.append(stats)
+            for mb in grads.minibatches(batch, cfg.num_minibatches, self.generator):
+                fit_pi = epoch < pi_epochs and not pi_stopped
+                fit_vf = epoch < vf_epochs and (separate or not pi_stopped)
+                if not (fit_pi or fit_vf):
+                    break
+                terms, mb_grads = grads.step(
+                    mb,
+                    fit_policy=fit_pi,
+                    fit_value=fit_vf,
+                    clip_coef=clip_coef,
+                    target_kl=cfg.target_kl,
+                )
+                if fit_pi:
+                    stats["kl"].append(terms["diag/approx_kl"])
+                    if terms["diag/kl_stop"]:  # this step's policy term is not taken
+                        pi_stopped, stop_iter = True, epoch + 1
+                        if not separate:
+                            break
+                    else:
+                        clip_fractions.append(terms["diag/clip_fraction"])
+                self._step(terms, mb_grads, stats, skipped)
+        grads.rest()
+
+        if skipped:
+            detail = ", ".join(f"{term} ({count}x)" for term, count in skipped.items())
+            warnings.warn(
+                f"non-finite loss term: {detail}; those minibatch steps were skipped and "
+                "training goes on from the last good weights",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+        metrics = _summarize(epoch_stats)
+        metrics.update(
+            clip_fraction=_mean(clip_fractions),
+            explained_variance=explained_variance(batch.values, batch.returns),
+            stop_iter=float(stop_iter),
+            learning_rate=self.optimizers["pi" if separate else "all"].param_groups[0]["lr"],
+            clip_coef=clip_coef,
+            nonfinite_skips=float(sum(skipped.values())),
+        )
+        if separate:
+            metrics["vf_learning_rate"] = self.optimizers["vf"].param_groups[0]["lr"]
+        return metrics
+
+    def _step(
+        self, terms: Terms, grads: Grads, stats: dict[str, list[float]], skipped: dict[str, int]
+    ) -> None:
+        """A step of each optimizer with a gradient, unless a loss term or that gradient is
+        non-finite (counted in ``skipped`` and left out)."""
+        bad = False
+        for term in LOSS_TERMS:
+            value = terms.get(term)
+            if value is not None and not math.isfinite(value):
+                name = term.removeprefix("loss/")
+                skipped[name] = skipped.get(name, 0) + 1
+                bad = True
+        if bad:
+            return
+        if "loss/policy" in terms:
+            stats["pi"].append(terms["loss/policy"])
+            stats["entropy"].append(terms["loss/entropy"])
+        if "loss/value" in terms:
+            stats["vf"].append(terms["loss/value"])
+        for key, opt in self.optimizers.items():
+            if key not in grads:
+                continue
+            norm = clip_grad_norm(grads[key], self.config.max_grad_norm)
+            if not math.isfinite(norm):
+                skipped["gradient"] = skipped.get("gradient", 0) + 1
+                continue
+            opt.step(grads[key])
+
+
+# The loss terms a gradient step's terms may hold (the rest are diagnostics).
+LOSS_TERMS = ("loss/policy", "loss/entropy", "loss/value")
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def _summarize(epoch_stats: list[dict[str, list[float]]]) -> dict[str, float]:
+    """Last-epoch means, and their change since the first epoch (the seed kernel's deltas)."""
+
+    def first_last(key: str) -> tuple[float, float]:
+        epochs = [s[key] for s in epoch_stats if s[key]]
+        if not epochs:
+            return float("nan"), float("nan")
+        return _mean(epochs[0]), _mean(epochs[-1])
+
+    pi_first, pi_last = first_last("pi")
+    vf_first, vf_last = first_last("vf")
+    _, kl_last = first_last("kl")
+    _, entropy_last = first_last("entropy")
+    return {
+        "loss_pi": pi_last,
+        "delta_loss_pi": pi_last - pi_first,
+        "loss_v": vf_last,
+        "delta_loss_v": vf_last - vf_first,
+        "approx_kl": kl_last,
+        "entropy": entropy_last,
+    }

@@ -1,0 +1,233 @@
+"""The TRPO update step (Schulman et al. 2015): natural gradient under a hard KL bound.
+
+Policy: g = grad of the surrogate mean(r A); solve (F + damping I) x = g by conjugate
+gradient, where F v is the gradient of (grad KL . v) and F is never formed; scale x to
+the KL radius, then backtrack until the measured mean KL is within ``max_kl`` and the
+surrogate improved. If no try is accepted, the actor is restored bit for bit.
+Critic: fitted separately by Adam on minibatches, on the same returns as PPO.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn.utils import parameters_to_vector
+
+from trustrl.config import TRPOConfig
+from trustrl.learner.losses import explained_variance, normalize_advantages, surrogate
+from trustrl.learner.optim import Adam
+from trustrl.learner.policy import Policy
+from trustrl.learner.rollout import Batch, Rollout
+from trustrl.learner.updates.grads import LossSettings, make_gradients
+
+
+def conjugate_gradient(
+    matvec: Callable[[Tensor], Tensor], b: Tensor, iters: int, residual_tol: float = 1e-10
+) -> tuple[Tensor, float]:
+    """Solve A x = b for symmetric positive-definite A given only x -> A x.
+
+    Returns x and the final squared residual norm |b - A x|^2 (stops once below the tol).
+    """
+    x = torch.zeros_like(b)
+    r = b.clone()
+    p = b.clone()
+    rr = torch.dot(r, r)
+    for _ in range(iters):
+        if rr <= residual_tol:
+            break
+        ap = matvec(p)
+        alpha = rr / torch.dot(p, ap)
+        x += alpha * p
+        r -= alpha * ap
+        rr_new = torch.dot(r, r)
+        p = r + (rr_new / rr) * p
+        rr = rr_new
+    return x, float(rr)
+
+
+def backtracking_line_search(
+    evaluate: Callable[[Tensor], tuple[float, float]],
+    theta: Tensor,
+    full_step: Tensor,
+    base_objective: float,
+    max_kl: float,
+    shrink: float,
+    tries: int,
+) -> tuple[int, Tensor | None]:
+    """Try theta + shrink^i * full_step for i = 0, 1, ...; accept the first whose
+    ``evaluate`` (objective, kl) has kl <= max_kl and objective > base_objective.
+
+    Returns (tries used, accepted parameters) or (tries, None) if none was accepted.
+    """
+    for i in range(tries):
+        candidate = theta + (shrink**i) * full_step
+        objective, kl = evaluate(candidate)
+        if math.isfinite(objective) and kl <= max_kl and objective > base_objective:
+            return i + 1, candidate
+    return tries, None
+
+
+def fisher_vector_product(
+    policy: Policy,
+    obs: Tensor,
+    mask: Tensor | None,
+    old_params: Tensor,
+    damping: float,
+    agent: Tensor | None = None,
+) -> Callable[[Tensor], Tensor]:
+    """v -> (F + damping I) v at the current actor, F the Hessian of mean KL(old || new).
+
+    The Fisher is the Hessian of the KL at zero divergence; Hessian times v is the
+    gradient of (grad KL . v). The forward pass and the first backward (with its graph)
+    are built once here, for every product of the conjugate gradient (the weights do not
+    move within it): each product is then one backward pass through that graph.
+    """
+    params = policy.actor_parameters()
+    kl = policy.head.kl(old_params, policy.dist_params(obs, mask, agent)).mean()
+    grads = torch.autograd.grad(kl, params, create_graph=True)
+    flat = torch.cat([g.reshape(-1) for g in grads])
+
+    def product(v: Tensor) -> Tensor:
+        hv = torch.autograd.grad(flat, params, grad_outputs=v, retain_graph=True)
+        return torch.cat([h.reshape(-1) for h in hv]) + damping * v
+
+    return product
+
+
+@torch.no_grad()
+def assign(params: list[torch.nn.Parameter], flat: Tensor) -> None:
+    """Copy a flat vector into the parameters (in place: they stay independent tensors,
+    unlike torch's vector_to_parameters, which makes them views of the vector)."""
+    offset = 0
+    for param in params:
+        count = param.numel()
+        param.copy_(flat[offset : offset + count].view_as(param))
+        offset += count
+
+
+class TRPOUpdate:
+    def __init__(self, policy: Policy, config: TRPOConfig, seed: int = 0) -> None:
+        self.config = config
+        self.generator = torch.Generator().manual_seed(seed)
+        self.vf_optimizer = Adam(policy.critic_parameters(), lr=config.vf_lr, eps=1e-5)
+        # The critic's plain squared error, by the PPO update's gradient backends.
+        self.gradients = make_gradients(policy, LossSettings(), {"vf": self.vf_optimizer})
+
+    def close(self) -> None:
+        """Nothing to release: TRPO's update runs in this process only."""
+
+    def register_agent(
+        self, grown: list[tuple[torch.nn.Parameter, torch.nn.Parameter, int]]
+    ) -> None:
+        """Extend the critic optimizer's state for parameters ``Policy.register_agent`` grew."""
+        self.vf_optimizer.grow(grown)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizers": {"vf": self.vf_optimizer.state_dict()},
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.vf_optimizer.load_state_dict(state["optimizers"]["vf"])
+        self.generator.set_state(state["generator"])
+
+    def __call__(self, policy: Policy, rollout: Rollout, progress: float) -> dict[str, float]:
+        batch = rollout.flat()
+        batch.returns, batch.values = policy.value_targets(batch.returns, batch.values)
+        metrics = self.policy_step(policy, batch)
+        metrics.update(self.fit_critic(policy, batch))
+        metrics["explained_variance"] = explained_variance(batch.values, batch.returns)
+        metrics["learning_rate"] = self.config.vf_lr
+        return metrics
+
+    def policy_step(self, policy: Policy, batch: Batch) -> dict[str, float]:
+        cfg = self.config
+        params = policy.actor_parameters()
+        advantages = normalize_advantages(batch.advantages) if cfg.norm_adv else batch.advantages
+        with torch.no_grad():
+            old_params = policy.dist_params(batch.obs, batch.action_mask, batch.agent)
+            entropy = float(policy.head.entropy(old_params).mean())
+
+        new_params = policy.dist_params(batch.obs, batch.action_mask, batch.agent)
+        logprob = policy.head.log_prob(new_params, batch.actions)
+        objective = surrogate(logprob, batch.logprob, advantages)
+        grads = torch.autograd.grad(objective, params)
+        g = torch.cat([grad.reshape(-1) for grad in grads])
+        base = objective.item()
+
+        fvp = fisher_vector_product(
+            policy, batch.obs, batch.action_mask, old_params, cfg.cg_damping, batch.agent
+        )
+        direction, residual = conjugate_gradient(fvp, g, cfg.cg_iters, cfg.cg_residual_tol)
+        curvature = float(torch.dot(direction, fvp(direction)))
+        # Largest step along the direction whose quadratic KL model equals max_kl:
+        # 0.5 * s^T F s = max_kl.
+        scale = math.sqrt(2 * cfg.max_kl / curvature) if curvature > 0 else 0.0
+        full_step = scale * direction
+        expected_full = float(torch.dot(g, full_step))
+
+        theta = parameters_to_vector(params).detach().clone()
+
+        @torch.no_grad()
+        def evaluate(candidate: Tensor) -> tuple[float, float]:
+            assign(params, candidate)
+            new_params = policy.dist_params(batch.obs, batch.action_mask, batch.agent)
+            logprob = policy.head.log_prob(new_params, batch.actions)
+            kl = policy.head.kl(old_params, new_params).mean()
+            return float(surrogate(logprob, batch.logprob, advantages)), float(kl)
+
+        tries, accepted = (0, None)
+        if scale > 0 and all(math.isfinite(v) for v in (expected_full, base)):
+            tries, accepted = backtracking_line_search(
+                evaluate,
+                theta,
+                full_step,
+                base,
+                cfg.max_kl,
+                cfg.line_search_shrink,
+                cfg.line_search_steps,
+            )
+        if accepted is None:
+            # Restore the exact old weights (a copy, no arithmetic): bit-identical.
+            assign(params, theta)
+            new_objective, kl, step_norm, fraction = base, 0.0, 0.0, 0.0
+        else:
+            new_objective, kl = evaluate(accepted)
+            step_norm = float((accepted - theta).norm())
+            fraction = cfg.line_search_shrink ** (tries - 1)
+        return {
+            "loss_pi": -base,
+            "delta_loss_pi": -(new_objective - base),
+            "actual_improvement": new_objective - base,
+            "expected_improvement": expected_full * fraction,
+            "approx_kl": kl,
+            "line_search_steps": float(tries),
+            "line_search_accepted": float(accepted is not None),
+            "cg_residual": residual,
+            "step_norm": step_norm,
+            "entropy": entropy,
+        }
+
+    def fit_critic(self, policy: Policy, batch: Batch) -> dict[str, float]:
+        cfg = self.config
+        grads = self.gradients
+        epoch_losses: list[float] = []
+        for _ in range(cfg.train_vf_iters):
+            losses = []
+            for mb in grads.minibatches(batch, cfg.minibatches, self.generator):
+                terms, mb_grads = grads.step(mb, fit_policy=False, fit_value=True)
+                value = terms["loss/value"]
+                if not math.isfinite(value):
+                    continue
+                self.vf_optimizer.step(mb_grads["vf"])
+                losses.append(value)
+            if losses:
+                epoch_losses.append(sum(losses) / len(losses))
+        if not epoch_losses:
+            return {"loss_v": math.nan, "delta_loss_v": math.nan}
+        return {"loss_v": epoch_losses[-1], "delta_loss_v": epoch_losses[-1] - epoch_losses[0]}

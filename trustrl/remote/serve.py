@@ -1,0 +1,168 @@
+"""``trustrl serve``: a learner that external agents in other processes reach through Ray.
+
+The learner is the ordinary Trainer over an ``ExternalRunner`` (external.py), in the
+serving process; its ``Inbox`` is a named Ray actor (namespace ``trustrl``), pinned to
+the learner's node so that its spool is in the run folder. Agents find it by name
+(``trustrl.Agent.connect(NAME, address)``) and call it with bytes only (chunks and
+snapshots are safetensors payloads). The actor belongs to the serving process: when the
+learner stops, the name is free, agents queue, and a resumed learner
+(``trustrl serve --resume RUN_DIR``) takes the name again and drains them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trustrl.config import Config, ConfigError
+from trustrl.remote.cluster import RayCluster, import_ray
+from trustrl.remote.external import (
+    ExternalRunner,
+    Inbox,
+    LinkError,
+    external_groups,
+    learner_config,
+    learner_info,
+    max_chunk,
+)
+
+NAMESPACE = "trustrl"
+LINGER_SECONDS = 2.0
+"""How long a finished learner stays up so that its agents hear that it finished."""
+CALL_SECONDS = 10.0
+
+
+class RemoteInbox:
+    """The learner's side of the inbox actor, with the Inbox's learner-side methods."""
+
+    def __init__(self, handle: Any) -> None:
+        self.ray = import_ray()
+        self.handle = handle
+
+    def publish(self, version: int, data: bytes) -> None:
+        self.ray.get(self.handle.publish.remote(version, data))
+
+    def take(
+        self, timeout: float, needs: Sequence[int], version: int, max_lag: int
+    ) -> dict[str, Any]:
+        return dict(self.ray.get(self.handle.take.remote(timeout, needs, version, max_lag)))
+
+    def release(self, upto: int) -> None:
+        self.ray.get(self.handle.release.remote(upto))
+
+    def finish(self) -> None:
+        self.ray.get(self.handle.finish.remote())
+
+
+class RayLink:
+    """An agent's way to the inbox actor ``name`` on the cluster at ``address``: every
+    failure (no such actor yet, the actor died, a call timed out) is a LinkError, and the
+    name is looked up again at the next call, so a restarted learner is found."""
+
+    def __init__(self, name: str, address: str, timeout: float = 60.0) -> None:
+        self.name = name
+        self.timeout = timeout
+        self.cluster = RayCluster(address)
+        self.cluster.start()
+        self.ray = import_ray()
+        self.handle: Any = None
+
+    def _call(self, method: str, *args: Any) -> Any:
+        ray = self.ray
+        try:
+            if self.handle is None:
+                self.handle = ray.get_actor(self.name, namespace=NAMESPACE)
+            return ray.get(getattr(self.handle, method).remote(*args), timeout=CALL_SECONDS)
+        except (ValueError, ray.exceptions.RayError) as exc:
+            self.handle = None
+            raise LinkError(f"learner {self.name!r} unreachable ({type(exc).__name__})") from None
+
+    def info(self) -> dict[str, Any]:
+        """The learner's settings, waiting up to ``timeout`` for it to come up."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return dict(self._call("info"))
+            except LinkError:
+                if time.monotonic() > deadline:
+                    raise LinkError(
+                        f"no learner named {self.name!r} on the Ray cluster at "
+                        f"{self.cluster.address} within {self.timeout:g} s (is `trustrl serve "
+                        f"--name {self.name}` running there?)"
+                    ) from None
+                time.sleep(0.5)
+
+    def submit_many(self, chunks: list[bytes]) -> list[dict[str, Any]]:
+        return list(self._call("submit_many", chunks))
+
+    def latest(self, have: int) -> dict[str, Any]:
+        return dict(self._call("latest", have))
+
+    def close(self) -> None:
+        self.cluster.shutdown()
+
+
+def serve(
+    config: Config,
+    name: str,
+    run_dir: str | Path | None = None,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    ray_address: str | None = None,
+    announce: Any = print,
+) -> Any:
+    """Run the learner ``name`` until ``total_steps`` (or Ctrl-C); returns the Trainer.
+    ``announce`` gets the line that tells agents where to connect."""
+    from trustrl.run.trainer import Trainer, check_new_run_folder, default_run_dir
+
+    config, notes = learner_config(config)
+    groups = external_groups(config)
+    folder = Path(run_dir or config.run_dir or default_run_dir(config)).resolve()
+    spool = folder / "inbox"
+    if not resume:
+        check_new_run_folder(folder, overwrite)
+        if overwrite and spool.is_dir():
+            shutil.rmtree(spool)  # an earlier run's chunks are not this run's
+    cluster = RayCluster(ray_address or config.ray_address)
+    cluster.start()  # first: it chooses the mode Ray is imported in (cluster.py)
+    try:
+        ray = import_ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node = ray.get_runtime_context().get_node_id()
+        actor_class = ray.remote(Inbox)
+        try:
+            handle = actor_class.options(
+                name=name,
+                namespace=NAMESPACE,
+                max_concurrency=32,  # agents' calls while the learner waits in take()
+                num_cpus=0,
+                max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            ).remote(groups, learner_info(config, groups), str(spool), max_chunk(config))
+            ray.get(handle.status.remote())
+        except ValueError as exc:  # the name is taken
+            raise ConfigError(
+                f"--name {name!r}: a learner of that name is already serving on this cluster "
+                f"({exc})"
+            ) from None
+        runner = ExternalRunner(config, groups, RemoteInbox(handle))
+        trainer = Trainer(config, folder, resume=resume, overwrite=overwrite, runner=runner)
+        trainer.notes += notes
+        runner.publish(trainer.snapshot())
+        announce(
+            f"serving {name!r} on the Ray cluster at {cluster.address}: agents connect with "
+            f"trustrl.Agent.connect({name!r}, address={cluster.address!r})"
+        )
+        try:
+            trainer.train()
+        finally:
+            runner.inbox.finish()
+            time.sleep(LINGER_SECONDS)
+        return trainer
+    finally:
+        cluster.shutdown()

@@ -1,0 +1,235 @@
+"""Export a trained policy's actor as one self-contained ONNX or TorchScript file.
+
+The exported model is the deterministic actor only (no critic, no training state) and
+runs without trustrl installed: onnxruntime (or any ONNX runtime) for ``.onnx``,
+``torch.jit.load`` for TorchScript. Everything ``Policy.act(obs, deterministic=True)``
+does on the way from a raw observation to an env action is inside it:
+
+inputs
+    ``obs``          float32 (batch, *obs_shape): raw observations as the env returns them
+                     (for dict observations, the ``"observation"`` entry), batched.
+    ``action_mask``  bool (batch, n), only when the policy was trained with action masks;
+                     True = allowed. TorchScript also accepts a float/int mask (nonzero =
+                     allowed); ONNX declares the input as bool.
+output
+    ``action``       Discrete: int64 (batch,), the argmax of the masked log-probabilities;
+                     MultiDiscrete: int64 (batch, k), one argmax per component;
+                     Box: float32 (batch, *env_action_shape), the Gaussian mean clipped to
+                     the action space's bounds.
+
+The observation normalizer's statistics (and its clip) are baked in as float32
+constants computed exactly as ``RunningMeanStd.forward`` computes them. The batch axis
+is dynamic. ONNX files carry a ``trustrl`` JSON entry in their metadata, TorchScript
+files a ``trustrl.json`` extra file, describing the spaces and the inputs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from trustrl.learner.policy import Policy
+
+FORMATS = {"onnx": ".onnx", "torchscript": ".pt"}
+ONNX_OPSET = 17
+
+
+class ExportError(ValueError):
+    """An export that cannot be done as asked; the message says why."""
+
+
+class DeployedActor(nn.Module):
+    """Raw observation batch (and mask) -> deterministic env actions, for tracing."""
+
+    obs_mean: Tensor
+    obs_scale: Tensor
+    low: Tensor
+    high: Tensor
+
+    def __init__(self, policy: Policy) -> None:
+        super().__init__()
+        spec = policy.spec
+        self.obs_dim = spec.obs_dim
+        self.kind = spec.action_kind
+        self.masked = spec.masked
+        self.env_action_shape = tuple(spec.env_action_shape)
+        norm = policy.obs_normalizer
+        self.normalize = norm is not None
+        if norm is not None:
+            # The same float32 values RunningMeanStd.forward derives at every call.
+            mean = norm.mean.to(torch.float32)
+            scale = torch.rsqrt(norm.var.to(torch.float32) + norm.epsilon)
+            self.obs_clip = float(norm.clip)
+        else:
+            mean = torch.zeros(spec.obs_dim)
+            scale = torch.ones(spec.obs_dim)
+            self.obs_clip = 0.0
+        self.register_buffer("obs_mean", mean.clone())
+        self.register_buffer("obs_scale", scale.clone())
+        self.register_buffer("low", torch.tensor(spec.low, dtype=torch.float32))
+        self.register_buffer("high", torch.tensor(spec.high, dtype=torch.float32))
+        self.actor = copy.deepcopy(policy.actor)
+        self.head = copy.deepcopy(policy.head)
+        self.requires_grad_(False)  # inference only: outputs carry no autograd graph
+
+    def forward(self, obs: Tensor, action_mask: Tensor | None = None) -> Tensor:
+        x = obs.to(torch.float32).reshape(-1, self.obs_dim)
+        if self.normalize:
+            x = ((x - self.obs_mean) * self.obs_scale).clamp(-self.obs_clip, self.obs_clip)
+        mask = action_mask.to(torch.bool) if action_mask is not None else None
+        params = self.head.forward(self.actor(x), mask)
+        actions: Tensor = self.head.mode(params)
+        if self.kind == "box":
+            # np.clip(a, low, high) in SpaceSpec.to_env is min(max(a, low), high).
+            actions = torch.minimum(torch.maximum(actions, self.low), self.high)
+            actions = actions.reshape((-1, *self.env_action_shape))
+        return actions
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: Path
+    checkpoint: Path
+    format: str
+    inputs: dict[str, str]
+    outputs: dict[str, str]
+
+
+def default_output(checkpoint: Path, fmt: str) -> Path:
+    """<run>/policy.<ext> for a checkpoint in a run folder, else <checkpoint>.<ext> beside it."""
+    suffix = FORMATS[fmt]
+    if checkpoint.parent.name == "checkpoints":
+        return checkpoint.parent.parent / f"policy{suffix}"
+    return checkpoint.parent / f"{checkpoint.name}{suffix}"
+
+
+def describe_io(policy: Policy) -> tuple[dict[str, str], dict[str, str]]:
+    """Names -> 'dtype (shape)' of the exported model's inputs and outputs."""
+    spec = policy.spec
+    inputs = {"obs": f"float32 {_shape(spec.obs_shape)}"}
+    if spec.masked:
+        inputs["action_mask"] = f"bool {_shape((spec.mask_dim or 0,))}"
+    if spec.action_kind == "box":
+        output = f"float32 {_shape(spec.env_action_shape)}"
+    else:
+        output = f"int64 {_shape(spec.action_shape)}"
+    return inputs, {"action": output}
+
+
+def _shape(dims: tuple[int, ...]) -> str:
+    return "(" + ", ".join(["batch", *(str(d) for d in dims)]) + ")"
+
+
+def export_policy(
+    path: str | Path, fmt: str = "onnx", out: str | Path | None = None
+) -> ExportResult:
+    """Export the checkpoint at ``path`` (run or checkpoint folder) to ``out``."""
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown export format {fmt!r}; choose from {', '.join(FORMATS)}")
+    from trustrl.run.checkpoint import load_policy, read_meta, resolve_checkpoint
+
+    folder = resolve_checkpoint(path)
+    meta = read_meta(folder)
+    policy = load_policy(folder)
+    if not isinstance(policy, Policy) or policy.per_agent or policy.agent_id:
+        # The actor of a multi-agent group reads the agent's index (or several groups'
+        # policies act together): that needs an agent input this export does not have.
+        raise ExportError(
+            f"{folder} holds a multi-agent policy; export supports single-agent policies "
+            "(one actor, no per-agent weights or agent ids)"
+        )
+    target = Path(out) if out is not None else default_output(folder, fmt)
+    if target.is_dir():
+        target = target / f"policy{FORMATS[fmt]}"
+    inputs, outputs = describe_io(policy)
+    config = meta.get("config")
+    info = {
+        "exported_by": "trustrl",
+        "checkpoint": str(folder),
+        "env_id": config.get("env_id") if isinstance(config, dict) else None,
+        "iteration": meta.get("iteration"),
+        "spec": policy.spec.to_json(),
+        "inputs": inputs,
+        "outputs": outputs,
+        "obs_normalizer_baked_in": policy.obs_normalizer is not None,
+        "deterministic": True,
+    }
+    module = DeployedActor(policy).eval()
+    example = _example_inputs(policy)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        try:
+            if fmt == "onnx":
+                _export_onnx(module, example, tmp, info)
+            else:
+                _export_torchscript(module, example, tmp, info)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError as exc:
+        raise ExportError(f"could not write {target}: {exc.strerror or exc}") from None
+    return ExportResult(target, folder, fmt, inputs, outputs)
+
+
+def _example_inputs(policy: Policy) -> tuple[Tensor, ...]:
+    spec = policy.spec
+    obs = torch.zeros((2, *spec.obs_shape), dtype=torch.float32)
+    if spec.masked:
+        return obs, torch.ones((2, spec.mask_dim or 0), dtype=torch.bool)
+    return (obs,)
+
+
+def _names(example: tuple[Tensor, ...]) -> list[str]:
+    return ["obs", "action_mask"][: len(example)]
+
+
+def _export_onnx(
+    module: DeployedActor, example: tuple[Tensor, ...], path: Path, info: dict[str, Any]
+) -> None:
+    names = _names(example)
+    # torch >= 2.9 defaults to the torch.export-based ("dynamo") exporter, which needs
+    # onnxscript; trustrl's export extra installs only onnx and onnxruntime. The
+    # TorchScript-based exporter (dynamo=False) needs neither, handles this small static
+    # graph fully, and takes dynamic_axes for the batch dimension. It warns that it is
+    # deprecated; that warning is not the user's concern, so it is silenced here.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(
+            module,
+            example,
+            str(path),
+            input_names=names,
+            output_names=["action"],
+            dynamic_axes={name: {0: "batch"} for name in [*names, "action"]},
+            opset_version=ONNX_OPSET,
+            dynamo=False,
+        )
+    try:
+        import onnx
+    except ImportError:  # the file is written; metadata and the check need onnx
+        return
+    model = onnx.load(str(path))
+    entry = model.metadata_props.add()
+    entry.key, entry.value = "trustrl", json.dumps(info)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def _export_torchscript(
+    module: DeployedActor, example: tuple[Tensor, ...], path: Path, info: dict[str, Any]
+) -> None:
+    # torch.jit is deprecated in favour of torch.export, but a TorchScript file is still
+    # what C++ (libtorch) and older runtimes load; the warnings are silenced like ONNX's.
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        traced = torch.jit.trace(module, example)
+        torch.jit.save(traced, str(path), _extra_files={"trustrl.json": json.dumps(info)})

@@ -1,0 +1,116 @@
+"""Videos of evaluation episodes: ``trustrl eval RUN_DIR --video``.
+
+Gymnasium envs are recorded by Gymnasium's own ``RecordVideo`` wrapper over an env made
+with ``render_mode="rgb_array"``: one mp4 per episode, written through moviepy. MuJoCo
+envs render off-screen; without a display they need ``MUJOCO_GL=egl`` (Mesa's EGL on
+the CPU, which ``scripts/setup`` installs; ``osmesa`` would need libOSMesa, not
+installed here), which ``trustrl eval --video`` sets unless the variable is already set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trustrl.envs.gym import env_factory
+
+if TYPE_CHECKING:
+    from trustrl.learner.policy import MultiAgentPolicy, Policy
+
+
+@dataclass(frozen=True)
+class Recording:
+    videos: list[Path]
+    returns: list[float]
+    lengths: list[int]
+
+
+def record(
+    policy: Policy | MultiAgentPolicy,
+    env_id: str,
+    folder: str | Path,
+    episodes: int = 1,
+    deterministic: bool = True,
+    seed: int = 0,
+    env_kwargs: dict[str, Any] | None = None,
+    name_prefix: str = "eval",
+) -> Recording:
+    """Run ``episodes`` episodes (reset seeds ``seed + i``, as ``evaluate`` does) and write
+    each as ``<folder>/<name_prefix>-episode-<i>.mp4``."""
+    if episodes < 1:
+        raise ValueError(f"episodes must be >= 1, got {episodes}")
+    from trustrl.learner.policy import MultiAgentPolicy
+
+    folder = Path(folder)
+    if isinstance(policy, MultiAgentPolicy):
+        return _record_parallel(
+            policy, env_id, folder, episodes, deterministic, seed, env_kwargs, name_prefix
+        )
+    from gymnasium.wrappers import RecordVideo
+
+    env = env_factory(env_id, env_kwargs, render_mode="rgb_array")()
+    env = RecordVideo(env, str(folder), episode_trigger=lambda _: True, name_prefix=name_prefix)
+    returns, lengths = [], []
+    try:
+        for episode in range(episodes):
+            obs, info = env.reset(seed=seed + episode)
+            total, length, done = 0.0, 0, False
+            while not done:
+                action = policy.act(obs, deterministic, mask=info.get("action_mask"))
+                obs, reward, terminated, truncated, info = env.step(action)
+                total += float(reward)
+                length += 1
+                done = terminated or truncated
+            returns.append(total)
+            lengths.append(length)
+    finally:
+        env.close()  # writes the last episode's file
+    videos = [folder / f"{name_prefix}-episode-{i}.mp4" for i in range(episodes)]
+    return Recording(videos, returns, lengths)
+
+
+def _record_parallel(
+    policy: MultiAgentPolicy,
+    env_id: str,
+    folder: Path,
+    episodes: int,
+    deterministic: bool,
+    seed: int,
+    env_kwargs: dict[str, Any] | None,
+    name_prefix: str,
+) -> Recording:
+    """PettingZoo envs: ``RecordVideo`` wraps a ``gymnasium.Env`` and a ParallelEnv is not
+    one, so the frames of ``render()`` (``render_mode="rgb_array"``) are collected here and
+    written with the writer ``RecordVideo`` itself uses (moviepy's ImageSequenceClip), at
+    the env's ``render_fps``: the same files either way."""
+    from moviepy.video.io.ImageSequenceClip import ImageSequenceClip
+
+    from trustrl.envs.pettingzoo import parallel_env_factory
+    from trustrl.run.evaluation import play_parallel_episode
+
+    folder.mkdir(parents=True, exist_ok=True)
+    env = parallel_env_factory(env_id, {**(env_kwargs or {}), "render_mode": "rgb_array"})()
+    fps = env.metadata.get("render_fps", 30)
+    videos, returns, lengths = [], [], []
+    try:
+        for episode in range(episodes):
+            frames: list[np.ndarray] = []
+
+            def frame(frames: list[np.ndarray] = frames) -> None:
+                frames.append(np.asarray(env.render()))
+
+            totals, length = play_parallel_episode(
+                policy, env, seed + episode, deterministic, frame
+            )
+            path = folder / f"{name_prefix}-episode-{episode}.mp4"
+            ImageSequenceClip(frames, fps=fps).write_videofile(str(path), logger=None)
+            videos.append(path)
+            # The mean over agents of each agent's episode return, as evaluate reports.
+            returns.append(float(np.mean(list(totals.values()))))
+            lengths.append(length)
+    finally:
+        env.close()
+    return Recording(videos, returns, lengths)
