@@ -112,9 +112,14 @@ class Published:
 
 
 # At 1M env steps on MuJoCo v1-v4 (ours: v5). Hopper, HalfCheetah and Walker2d as issue 22
-# collected them; the other MuJoCo envs and the PPO paper as issue 34 read them (the
-# sources' files at the commits named in docs/quality.md's list). Where no source reports
-# an (algorithm, env) at 1M, the table says so rather than borrowing another budget's.
+# collected them; the other MuJoCo envs, CleanRL's current table and the PPO paper as issue
+# 34 read them, in the sources' files at these commits: rl-baselines3-zoo benchmark.md
+# (22e3ff2450), sb3-contrib docs/modules/trpo.md (0ca7fdd8d1), Tianshou
+# examples/mujoco/README.md (f2402056b0), CleanRL docs/benchmark/ppo_continuous_action.md
+# (fe8d8a03c4; the table docs/rl-algorithms/ppo.md shows; issue 22's CleanRL figures, 2,052
+# / 2,906 / 2,891, were the page's older MuJoCo v4 table, b558b2b4). Where no source
+# reports an (algorithm, env) at 1M, the table says so rather than borrowing another
+# budget's.
 PUBLISHED = (
     Published(
         "SB3 zoo",
