@@ -224,6 +224,8 @@ class PolicyConfig:
     """Initial log standard deviation of Gaussian (Box) policies."""
     ortho_init: bool = True
     """Orthogonal init: gain sqrt(2) on hidden layers, 0.01 on the policy head, 1 on the value head."""
+    encoder: str = "mlp"
+    """What turns an observation into features, for the actor and the critic alike: mlp (hidden layers of hidden_sizes on the flat observation) or an encoder registered with trustrl.acting.parts.register_encoder."""
 
     def __post_init__(self) -> None:
         _check_types(self, "policy.")

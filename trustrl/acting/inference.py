@@ -26,21 +26,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trustrl.acting import kernels
+from trustrl.acting import kernels, parts
 from trustrl.contract import GroupSnapshot
 from trustrl.normalize import MeanStd
 
 if TYPE_CHECKING:
     from trustrl.learner.policy import Policy
-
-
-def _layers(weights: dict[str, np.ndarray], prefix: str) -> list[kernels.Dense]:
-    """The linear layers under ``prefix`` in the order the module holds them (a
-    ``state_dict`` keeps registration order: input layer first)."""
-    names = [
-        k[: -len(".weight")] for k in weights if k.startswith(prefix) and k.endswith(".weight")
-    ]
-    return [kernels.Dense(weights[f"{n}.weight"], weights[f"{n}.bias"]) for n in names]
 
 
 class Inference:
@@ -81,13 +72,14 @@ class Inference:
             if value is not None
             else None
         )
-        self.activation = description["policy"]["activation"]
-        # The actor's layers then the head's linear one; the critic's, the value last.
-        self.actor = [
-            *_layers(weights, "actor."),
-            kernels.Dense(weights["head.linear.weight"], weights["head.linear.bias"]),
-        ]
-        self.critic = _layers(weights, "critic.")
+        # The parts' numpy twins (acting/parts.py): each side's encoder, then the head's
+        # linear layer (the actor) or the value layer (the critic).
+        settings = description["policy"]
+        encoder = parts.encoder(settings.get("encoder", "mlp"))
+        self.actor = encoder.twin(settings, weights, "actor.")
+        self.head_linear = kernels.Dense(weights["head.linear.weight"], weights["head.linear.bias"])
+        self.critic = encoder.twin(settings, weights, "critic.0.")
+        self.value_linear = kernels.Dense(weights["critic.1.weight"], weights["critic.1.bias"])
         log_std = weights.get("head.log_std")
         self.head = kernels.numpy_head(
             spec["action_kind"],
@@ -111,7 +103,7 @@ class Inference:
 
     def _head_out(self, x: np.ndarray, agent: np.ndarray | None) -> np.ndarray:
         actor_in = x if self.per_agent else self._with_id(x, agent)
-        return kernels.output(self.actor, self.activation, actor_in, agent)
+        return self.head_linear(self.actor(actor_in, agent), agent)
 
     def noise(self, rng: np.random.Generator, steps: int, agent: np.ndarray) -> np.ndarray:
         """(steps, rows, width) draws for a rollout of ``steps`` steps of the rows whose
@@ -182,4 +174,4 @@ class Inference:
     ) -> np.ndarray:
         """The critic's output (standardized with value normalization): ``value_raw``."""
         critic_in = self._with_id(critic_x if critic_x is not None else x, agent)
-        return kernels.output(self.critic, self.activation, critic_in)[:, 0]
+        return self.value_linear(self.critic(critic_in))[:, 0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any, cast
 
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from trustrl.acting import parts
 from trustrl.config import PolicyConfig
 from trustrl.envs.rows import AgentGroup
 from trustrl.envs.spaces import SpaceSpec
@@ -85,12 +87,32 @@ class RunningMeanStd(nn.Module):
         return ((x - self.mean.to(x.dtype)) * scale).clamp(-self.clip, self.clip)
 
 
-def mlp(in_features: int, hidden_sizes: tuple[int, ...], activation: str) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for width in hidden_sizes:
-        layers += [nn.Linear(in_features, width), ACTIVATIONS[activation]()]
-        in_features = width
-    return nn.Sequential(*layers)
+class MLP(nn.Sequential):
+    """Hidden layers of ``hidden_sizes``, each followed by the activation."""
+
+    def __init__(self, in_features: int, hidden_sizes: Sequence[int], activation: str) -> None:
+        layers: list[nn.Module] = []
+        for width in hidden_sizes:
+            layers += [nn.Linear(in_features, width), ACTIVATIONS[activation]()]
+            in_features = width
+        super().__init__(*layers)
+        self.out_features = in_features
+
+    def forward(self, x: Tensor, agent: Tensor | None = None) -> Tensor:
+        return super().forward(x)
+
+
+def mlp(in_features: int, hidden_sizes: Sequence[int], activation: str) -> MLP:
+    return MLP(in_features, hidden_sizes, activation)
+
+
+def mlp_encoder(in_features: int, settings: dict[str, Any], num_agents: int | None) -> nn.Module:
+    """The "mlp" encoder part (acting/parts.py): an MLP, or with ``num_agents`` one per
+    agent, stacked."""
+    hidden, activation = tuple(settings["hidden_sizes"]), settings["activation"]
+    if num_agents is not None:
+        return StackedMLP(num_agents, in_features, hidden, activation)
+    return MLP(in_features, hidden, activation)
 
 
 def orthogonal_init(module: nn.Module, gain: float) -> None:
@@ -117,6 +139,7 @@ class StackedMLP(nn.Module):
             StackedLinear(num_agents, a, b) for a, b in itertools.pairwise(sizes)
         )
         self.activation = ACTIVATIONS[activation]()
+        self.out_features = sizes[-1]
 
     def forward(self, x: Tensor, agent: Tensor) -> Tensor:
         for layer in self.layers:
@@ -171,20 +194,22 @@ class Policy(nn.Module):
         )
         # Value normalization: the critic predicts standardized returns.
         self.value_normalizer = RunningMeanStd((), clip=1e6) if value_norm else None
-        hidden = config.hidden_sizes
+        # The parts (acting/parts.py): an encoder each for the actor and the critic, then
+        # the action head and the value layer. Built in this order: the initial weights
+        # depend on the order the modules draw from torch's generator.
+        encoder, settings = parts.encoder(config.encoder), asdict(config)
         id_width = num_agents if agent_id else 0
         self.actor: nn.Module
         self.head: ActionHead
         if per_agent:
-            self.actor = StackedMLP(num_agents, spec.obs_dim, hidden, config.activation)
-            self.head = make_head(spec, hidden[-1], config, num_agents)  # type: ignore[assignment]
+            self.actor = encoder.build_torch(spec.obs_dim, settings, num_agents)
+            self.head = make_head(spec, self.actor.out_features, config, num_agents)  # type: ignore[assignment]
         else:
-            self.actor = mlp(spec.obs_dim + id_width, hidden, config.activation)
-            self.head = make_head(spec, hidden[-1], config)  # type: ignore[assignment]
+            self.actor = encoder.build_torch(spec.obs_dim + id_width, settings, None)
+            self.head = make_head(spec, self.actor.out_features, config)  # type: ignore[assignment]
         critic_in = (critic_dim or spec.obs_dim) + id_width
-        self.critic = nn.Sequential(
-            mlp(critic_in, hidden, config.activation), nn.Linear(hidden[-1], 1)
-        )
+        critic_encoder = encoder.build_torch(critic_in, settings, None)
+        self.critic = nn.Sequential(critic_encoder, nn.Linear(critic_encoder.out_features, 1))
         if config.ortho_init:
             orthogonal_init(self.actor, math.sqrt(2))
             orthogonal_init(self.critic[0], math.sqrt(2))

@@ -197,7 +197,8 @@ class NumpyGradients:
         head = policy.head
         gaussian_ok = not isinstance(head, DiagGaussianHead) or head.log_std.dim() == 1
         return (
-            not policy.per_agent
+            policy.config.encoder == "mlp"  # the backward pass is the MLP's (kernels.backward)
+            and not policy.per_agent
             and not policy.agent_id
             and policy.critic_dim is None
             and isinstance(head, CategoricalHead | MultiCategoricalHead | DiagGaussianHead)
