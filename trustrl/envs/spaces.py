@@ -23,6 +23,10 @@ ActionKind = Literal["discrete", "multidiscrete", "box"]
 
 @dataclass(frozen=True)
 class SpaceSpec:
+    """An agent's observation and action spaces as plain, JSON-able data: what the policy
+    is built for, what a checkpoint says it was trained on, and the conversions between
+    what the env hands out or takes and the arrays the networks read and write."""
+
     obs_shape: tuple[int, ...]
     action_kind: ActionKind
     action_shape: tuple[int, ...]
