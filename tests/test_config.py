@@ -22,6 +22,7 @@ from trustrl.config import (
     PolicyConfig,
     PPOConfig,
     RolloutConfig,
+    TRPOConfig,
     config_from_dict,
     config_to_dict,
     resolve,
@@ -143,6 +144,7 @@ UNVALIDATED = {
     "env.normalize_obs",
     "env.normalize_reward",
     "policy.ortho_init",
+    "policy.encoder",  # a registered name: the registry refuses others when the policy is built
     "ppo.anneal_lr",
     "ppo.anneal_clip",
     "ppo.norm_adv",
@@ -297,6 +299,34 @@ def test_section_of_wrong_type_in_file(tmp_path: Path) -> None:
     path.write_text("ppo = 3\n")
     with pytest.raises(ConfigError, match=r"\[ppo\] must be a table, got 3"):
         resolve("CartPole-v1", config_file=path)
+
+
+# Fields of choices: the type check refuses any other value, in one line that names the
+# field, the value and the choices.
+CHOICE_FIELDS = sorted(p for p in field_paths() if typing.get_origin(_hint(p)) is typing.Literal)
+
+
+def test_choice_fields_are_found() -> None:
+    assert {"algo", "env.backend", "policy.activation", "agent.action_kind"} <= set(CHOICE_FIELDS)
+
+
+@pytest.mark.parametrize("path", CHOICE_FIELDS)
+def test_bad_choice_is_one_line_naming_field_value_and_choices(path: str) -> None:
+    choices = ", ".join(typing.get_args(_hint(path)))
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(nested(path, "nonsense"))
+    assert str(info.value) == f'{path} must be one of {choices}, got the string "nonsense"'
+
+
+def test_minibatches_are_checked_by_the_algorithm_section_in_use() -> None:
+    small = {"env": {"num_envs": 2}, "rollout": {"num_steps": 4}}
+    message = "ppo.num_minibatches must be <= environments x rollout.num_steps = 8, got 9"
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        PPOConfig(num_minibatches=9).check_batch(8)
+    TRPOConfig(minibatches=8).check_batch(8)
+    # TRPO does not read ppo.num_minibatches, nor PPO trpo.minibatches.
+    config_from_dict({**small, "algo": "trpo", "ppo": {"num_minibatches": 9}})
+    config_from_dict({**small, "trpo": {"minibatches": 9}})
 
 
 # TOML files.

@@ -109,7 +109,8 @@ _HINTS: dict[type, dict[str, Any]] = {}
 
 def _check_types(instance: Any, prefix: str) -> None:
     """Every field's type, before any range check: a bool takes only true/false, a number
-    is not a string, a list field wants a list (TOML and Python callers alike)."""
+    is not a string, a list field wants a list, a field of choices takes one of them (TOML
+    and Python callers alike)."""
     cls = type(instance)
     hints = _HINTS.get(cls)
     if hints is None:
@@ -126,12 +127,6 @@ def _check_types(instance: Any, prefix: str) -> None:
                 if not _type_ok(v, get_args(hint)[1])
             )
         raise ConfigError(f"{prefix}{f.name} must be {_expected(hint)}, got {got}")
-
-
-def _check_choice(name: str, value: object, choices: tuple[object, ...]) -> None:
-    _require(
-        value in choices, f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}"
-    )
 
 
 def _is_number(value: object) -> bool:
@@ -160,6 +155,13 @@ def _check_unit(name: str, value: float, *, closed: bool) -> None:
     _require(ok, f"{name} must be in {interval}, got {value!r}")
 
 
+def _check_minibatches(name: str, minibatches: int, batch_size: int) -> None:
+    _require(
+        minibatches <= batch_size,
+        f"{name} must be <= environments x rollout.num_steps = {batch_size}, got {minibatches}",
+    )
+
+
 @dataclass(frozen=True)
 class EnvConfig:
     """How environments are built and how their signals are scaled."""
@@ -186,12 +188,9 @@ class EnvConfig:
     def __post_init__(self) -> None:
         _check_types(self, "env.")
         _check_int("env.num_envs", self.num_envs, 1)
-        _check_choice("env.backend", self.backend, get_args(Backend))
-        _check_choice("env.obs_stats", self.obs_stats, get_args(ObsStats))
         _require(isinstance(self.kwargs, dict), f"env.kwargs must be a table, got {self.kwargs!r}")
         _check_positive("env.obs_clip", self.obs_clip)
         _check_positive("env.reward_clip", self.reward_clip)
-        _check_choice("env.nonfinite", self.nonfinite, get_args(NonFinite))
 
 
 @dataclass(frozen=True)
@@ -237,7 +236,6 @@ class PolicyConfig:
             ),
             f"policy.hidden_sizes must be one or more positive integers, got {self.hidden_sizes!r}",
         )
-        _check_choice("policy.activation", self.activation, get_args(Activation))
         _require(
             _is_number(self.log_std_init) and -20 <= self.log_std_init <= 2,
             f"policy.log_std_init must be in [-20, 2], got {self.log_std_init!r}",
@@ -314,6 +312,10 @@ class PPOConfig:
         if self.target_kl is not None:
             _check_positive("ppo.target_kl", self.target_kl)
 
+    def check_batch(self, batch_size: int) -> None:
+        """Refuse minibatches of no rows: more minibatches than the update's rows."""
+        _check_minibatches("ppo.num_minibatches", self.num_minibatches, batch_size)
+
 
 @dataclass(frozen=True)
 class TRPOConfig:
@@ -352,6 +354,10 @@ class TRPOConfig:
         _check_int("trpo.train_vf_iters", self.train_vf_iters, 1)
         _check_int("trpo.minibatches", self.minibatches, 1)
 
+    def check_batch(self, batch_size: int) -> None:
+        """Refuse critic minibatches of no rows: more minibatches than the update's rows."""
+        _check_minibatches("trpo.minibatches", self.minibatches, batch_size)
+
 
 @dataclass(frozen=True)
 class MultiAgentConfig:
@@ -368,8 +374,6 @@ class MultiAgentConfig:
 
     def __post_init__(self) -> None:
         _check_types(self, "multiagent.")
-        _check_choice("multiagent.actor", self.actor, get_args(ActorMode))
-        _check_choice("multiagent.critic_input", self.critic_input, get_args(CriticInput))
 
 
 @dataclass(frozen=True)
@@ -393,7 +397,6 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         _check_types(self, "agent.")
-        _check_choice("agent.action_kind", self.action_kind, get_args(ActionKind))
         if self.observation_shape is not None:
             _require(
                 len(self.observation_shape) > 0 and all(d >= 1 for d in self.observation_shape),
@@ -513,7 +516,6 @@ class Config:
             isinstance(self.env_id, str) and self.env_id.strip() != "",
             f"env_id must be a Gymnasium id or package.module:callable, got {self.env_id!r}",
         )
-        _check_choice("algo", self.algo, get_args(Algo))
         _check_int("seed", self.seed, 0)
         _check_int("total_steps", self.total_steps, 1)
         _check_int("torch_threads", self.torch_threads, 1)
@@ -545,16 +547,9 @@ class Config:
                 _is_number(self.target_return),
                 f"target_return must be a finite number, got {self.target_return!r}",
             )
-        name, minibatches = (
-            ("ppo.num_minibatches", self.ppo.num_minibatches)
-            if self.algo == "ppo"
-            else ("trpo.minibatches", self.trpo.minibatches)
-        )
-        _require(
-            minibatches <= self.batch_size,
-            f"{name} must be <= environments x rollout.num_steps = {self.batch_size}, "
-            f"got {minibatches}",
-        )
+        # The algorithm's section is the one of its name (as the update registry reads it).
+        algorithm: PPOConfig | TRPOConfig = getattr(self, self.algo)
+        algorithm.check_batch(self.batch_size)
 
 
 SECTIONS: dict[str, type] = {
