@@ -41,7 +41,7 @@ psutil = pytest.importorskip("psutil")
 
 from trustrl.remote.cluster import (  # noqa: E402
     RayCluster,
-    create_actors,
+    create_actor,
     import_ray,
 )
 
@@ -218,7 +218,7 @@ def test_local_instance_listens_on_loopback_only_and_requires_a_token(show):
         assert cluster.address is not None and cluster.address.startswith("127.0.0.1:")
         assert os.environ["RAY_AUTH_MODE"] == "token"
         # Two actors, so that worker processes (not only idle ones) are in the table.
-        probes = create_actors(Probe, [(), ()], num_cpus=0.5)
+        probes = [create_actor(Probe, num_cpus=0.5) for _ in range(2)]
         ray.get([probe.where.remote() for probe in probes], timeout=60)
         assert ray.get(probes[0].getenv.remote("TRUSTRL_RAY_PROBE"), timeout=60) == "reached"
         session_dir = _node_session_dir(ray)
@@ -290,7 +290,7 @@ def test_stale_cluster_record_does_not_make_startup_attach(monkeypatch, private_
 
 def test_two_nodes_on_one_machine_host_one_actor_each(show, monkeypatch, private_ray_tmpdir):
     """``ray.cluster_utils.Cluster``: a head and a second node, both on loopback, an actor
-    pinned to each by ``create_actors``'s node placement and one placed by a custom
+    pinned to each by ``create_actor``'s node placement and one placed by a custom
     resource; everything stopped afterwards. (Cluster writes ``ray_current_cluster``: in
     the private temp root.)"""
     # Token authentication as RayCluster sets it: the mode before Ray's import (which
@@ -319,12 +319,12 @@ def test_two_nodes_on_one_machine_host_one_actor_each(show, monkeypatch, private
             assert len(nodes) == 2
             assert {node["NodeManagerAddress"] for node in nodes} == {"127.0.0.1"}
             node_ids = [node["NodeID"] for node in nodes]
-            actors = create_actors(Probe, [(), ()], num_cpus=0.5, node_ids=node_ids)
+            actors = [create_actor(Probe, num_cpus=0.5, node_id=node) for node in node_ids]
             placed = ray.get([actor.where.remote() for actor in actors], timeout=60)
             assert [node_id for _, node_id in placed] == node_ids
             (node_b,) = [node["NodeID"] for node in nodes if "node_b" in node["Resources"]]
-            by_resource = create_actors(Probe, [()], num_cpus=0, resources={"node_b": 1})
-            assert ray.get(by_resource[0].where.remote(), timeout=60)[1] == node_b
+            by_resource = create_actor(Probe, num_cpus=0, resources={"node_b": 1})
+            assert ray.get(by_resource.where.remote(), timeout=60)[1] == node_b
             session_dir = _node_session_dir(ray)
             processes = ray_processes(session_dir)
             rows = listeners(processes)

@@ -11,8 +11,8 @@ from trustrl.remote.cluster import (
     INSTALL_HINT,
     RayCluster,
     RayUnavailableError,
-    create_actors,
+    create_actor,
     import_ray,
 )
 
-__all__ = ["INSTALL_HINT", "RayCluster", "RayUnavailableError", "create_actors", "import_ray"]
+__all__ = ["INSTALL_HINT", "RayCluster", "RayUnavailableError", "create_actor", "import_ray"]

@@ -32,8 +32,7 @@ import os
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from types import ModuleType, TracebackType
 from typing import Any
 
@@ -60,8 +59,12 @@ def import_ray(*, loopback: bool = False) -> ModuleType:
     """
     if "ray" in sys.modules or not loopback:
         return _import_ray()
-    with _environ({_SINGLE_MACHINE_SWITCH: "0"}):
+    saved = SavedEnviron()
+    saved.set({_SINGLE_MACHINE_SWITCH: "0"})
+    try:
         return _import_ray()
+    finally:
+        saved.restore()
 
 
 def _import_ray() -> ModuleType:
@@ -74,19 +77,29 @@ def _import_ray() -> ModuleType:
     return ray
 
 
-@contextmanager
-def _environ(changes: Mapping[str, str]) -> Iterator[None]:
-    """Set environment variables for the block, then put back what was there."""
-    previous = {name: os.environ.get(name) for name in changes}
-    os.environ.update(changes)
-    try:
-        yield
-    finally:
-        for name, value in previous.items():
+class SavedEnviron:
+    """Environment variables changed now and put back later as they were (unset ones
+    unset again): one record per variable, of its value before the first change."""
+
+    def __init__(self) -> None:
+        self.before: dict[str, str | None] = {}
+
+    def keep(self, name: str) -> None:
+        """Put ``name`` back as it is now at ``restore``, whoever changes it meanwhile."""
+        self.before.setdefault(name, os.environ.get(name))
+
+    def set(self, changes: Mapping[str, str]) -> None:
+        for name, value in changes.items():
+            self.keep(name)
+            os.environ[name] = value
+
+    def restore(self) -> None:
+        for name, value in self.before.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+        self.before = {}
 
 
 def machine_cpus() -> int:
@@ -133,7 +146,7 @@ class RayCluster:
         self.node_ip_address: str | None = None
         self.started_instance = False  # True while a local instance of ours runs.
         self._connected = False  # True while this object holds a ray.init connection.
-        self._saved_environ: dict[str, str | None] = {}
+        self._environ = SavedEnviron()  # what start changed, put back by shutdown
 
     def __enter__(self) -> RayCluster:
         return self.start()
@@ -167,7 +180,7 @@ class RayCluster:
             ray.shutdown()
             self._connected = False
             self.started_instance = False
-        self._restore_environ()
+        self._environ.restore()
 
     def _start_local(self) -> None:
         mode = os.environ.get(_AUTH_MODE)
@@ -186,8 +199,8 @@ class RayCluster:
         # after start.
         if "ray" not in sys.modules or mode is not None:
             changes[_AUTH_MODE] = "token"
-        self._set_environ(changes)
-        self._saved_environ.setdefault(_AUTH_MODE, mode)  # Ray may set it: undo at the end
+        self._environ.set(changes)
+        self._environ.keep(_AUTH_MODE)  # Ray may set it: undo at the end
         try:
             self._start_local_instance()
         except BaseException:
@@ -242,7 +255,7 @@ class RayCluster:
         # the mode at import, and a driver without it is turned away by a cluster that
         # asks for a token. The token itself comes from ~/.ray/auth_token or RAY_AUTH_TOKEN.
         if "ray" not in sys.modules and _AUTH_MODE not in os.environ:
-            self._set_environ({_AUTH_MODE: "token"})
+            self._environ.set({_AUTH_MODE: "token"})
         # A cluster on this machine's loopback is reached in single-machine mode, as it was
         # started (docs/distributed.md); in multi-machine mode Ray would look for it at the
         # machine's outward address, where it does not listen, and retry forever.
@@ -267,24 +280,11 @@ class RayCluster:
                 runtime_env={"env_vars": self.env_vars} if self.env_vars else None,
             )
         except BaseException:
-            self._restore_environ()
+            self._environ.restore()
             raise
         self._connected = True
         self.address = context.address_info.get("gcs_address") or ray_address
         self.node_ip_address = context.address_info.get("node_ip_address")
-
-    def _set_environ(self, changes: Mapping[str, str]) -> None:
-        for name, value in changes.items():
-            self._saved_environ.setdefault(name, os.environ.get(name))
-            os.environ[name] = value
-
-    def _restore_environ(self) -> None:
-        for name, value in self._saved_environ.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        self._saved_environ = {}
 
 
 def _check_token_required(host: str, port: int) -> None:
@@ -319,44 +319,56 @@ def _direct_opener() -> urllib.request.OpenerDirector:
     return urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def create_actors(
+def create_actor(
     actor_class: type,
-    init_args: Sequence[tuple[Any, ...]],
+    args: Sequence[Any] = (),
     *,
-    num_cpus: float = 1.0,
+    num_cpus: float | None = None,
     resources: Mapping[str, float] | None = None,
-    node_ids: Sequence[str] | None = None,
+    node_id: str | None = None,
+    soft: bool = False,
     env_vars: Mapping[str, str] | None = None,
-) -> list[Any]:
-    """Create one actor of ``actor_class`` per entry of ``init_args``; returns their handles.
+    name: str | None = None,
+    namespace: str | None = None,
+    max_concurrency: int | None = None,
+    concurrency_groups: Mapping[str, int] | None = None,
+) -> Any:
+    """One actor of ``actor_class``, built with ``args``; returns its handle. Every actor
+    of trustrl is made here.
 
-    Ray never restarts them (``max_restarts=0``) nor retries their calls: a lost actor is
-    replaced by the caller, with a fresh seed of its choosing, which a restart by Ray
-    (same constructor arguments, same seed) would not give. ``node_ids`` (hex ids from
-    ``ray.nodes()``) pins actor ``i`` to ``node_ids[i % len(node_ids)]``, hard: it waits
-    for that node rather than run elsewhere. ``resources`` are custom resources each
-    actor needs (another way to place them).
+    Ray never restarts it (``max_restarts=0``) nor retries its calls: a lost actor is
+    replaced by its owner, with a fresh seed of its choosing, which a restart by Ray (same
+    constructor arguments, same seed) would not give. ``num_cpus`` None keeps Ray's
+    default for actors (one CPU to be placed, none held while it runs). ``node_id`` (a
+    hex id from ``ray.nodes()``) places it on that node: hard (it waits for that node
+    rather than run elsewhere), or with ``soft`` a preference that lets Ray choose when
+    the node is gone. ``resources`` are custom resources it needs (another way to place
+    it); ``env_vars`` reach its process; ``name`` and ``namespace`` make it findable with
+    ``ray.get_actor``; ``max_concurrency`` and ``concurrency_groups`` let calls run on
+    several threads at once (groups: a method called with
+    ``.options(concurrency_group=...)`` waits only for calls of its own group).
     """
     ray = _import_ray()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    if node_ids is not None and not node_ids:
-        raise ValueError("node_ids must name at least one node, or be None")
-    remote_class = ray.remote(actor_class)
-    handles = []
-    for index, args in enumerate(init_args):
-        options: dict[str, Any] = {
-            "num_cpus": num_cpus,
-            "max_restarts": 0,
-            "max_task_retries": 0,
-        }
-        if resources:
-            options["resources"] = dict(resources)
-        if node_ids is not None:
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                node_ids[index % len(node_ids)], soft=False
-            )
-        if env_vars:
-            options["runtime_env"] = {"env_vars": dict(env_vars)}
-        handles.append(remote_class.options(**options).remote(*args))
-    return handles
+    options: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0}
+    if num_cpus is not None:
+        options["num_cpus"] = num_cpus
+    if resources:
+        options["resources"] = dict(resources)
+    if node_id is not None:
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=soft)
+    if env_vars:
+        options["runtime_env"] = {"env_vars": dict(env_vars)}
+    if name is not None:
+        options["name"] = name
+    if namespace is not None:
+        options["namespace"] = namespace
+    if max_concurrency is not None:
+        options["max_concurrency"] = max_concurrency
+    # Concurrency groups are a class option in Ray (``.options`` does not take them).
+    groups = dict(concurrency_groups or {})
+    remote_class = (
+        ray.remote(concurrency_groups=groups)(actor_class) if groups else ray.remote(actor_class)
+    )
+    return remote_class.options(**options).remote(*args)

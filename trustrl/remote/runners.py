@@ -31,7 +31,7 @@ from trustrl.acting.collector import make_collector
 from trustrl.config import Config
 from trustrl.contract import PolicySnapshot, RolloutBatch, join
 from trustrl.envs.rows import AgentGroup
-from trustrl.remote.cluster import RayCluster, import_ray
+from trustrl.remote.cluster import RayCluster, create_actor, import_ray
 
 # Seeds: runner i's envs start at seed + SEED_STRIDE * i (Gymnasium's vector envs seed
 # env j with seed + j); its k-th replacement adds REPLACEMENT_STRIDE * k.
@@ -87,9 +87,6 @@ class RayRunners:
         try:
             ray = import_ray()
             self.ray = ray
-            # No restarts by Ray itself: a replacement gets a new seed and the current
-            # snapshot from here.
-            self.actor_class = ray.remote(max_restarts=0)(RunnerActor)
             # Runner i on node i mod n (of the nodes with CPUs, in a fixed order), softly:
             # a node that went away leaves the choice to Ray. Ray's SPREAD strategy is a
             # preference that left both runners of a two-node test on one node.
@@ -121,14 +118,11 @@ class RayRunners:
         return self.config.seed + SEED_STRIDE * index + REPLACEMENT_STRIDE * self.replaced[index]
 
     def _start(self, index: int) -> Any:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        name = f"runner-{index}"
+        """Runner ``index``'s actor. No restarts by Ray itself (create_actor): a
+        replacement gets a new seed and the current snapshot from here."""
+        args = (self.config, self._seed(index), self.config.runner_envs, f"runner-{index}")
         node = self.nodes[index % len(self.nodes)]
-        strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=True)
-        return self.actor_class.options(scheduling_strategy=strategy).remote(
-            self.config, self._seed(index), self.config.runner_envs, name
-        )
+        return create_actor(RunnerActor, args, node_id=node, soft=True)
 
     def _replace(self, index: int, why: str) -> None:
         self.restarts += 1
