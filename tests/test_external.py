@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -21,18 +23,16 @@ from trustrl.envs.rows import AgentGroup
 from trustrl.learner.policy import Policy
 from trustrl.learner.rollout import Rollout
 from trustrl.normalize import RunningStats
-from trustrl.remote.external import (
+from trustrl.remote.external import ExternalRunner, external_groups, learner_info, pack
+from trustrl.remote.inbox import Inbox
+from trustrl.remote.wire import (
     Chunk,
     ChunkError,
-    Inbox,
     LinkError,
     decode_chunk,
     decode_snapshot,
     encode_chunk,
     encode_snapshot,
-    external_groups,
-    learner_info,
-    pack,
 )
 
 SPACES = {"observation_shape": [3], "action_kind": "discrete", "action_choices": [2]}
@@ -192,6 +192,112 @@ def test_inbox_spools_before_acknowledging_and_a_new_inbox_finds_what_was_left(
     assert not bad["ok"] and "expected float32[3, 3]" in bad["error"]
 
 
+def test_damaged_spool_files_are_counted_named_and_kept_aside(tmp_path: Path) -> None:
+    spool = tmp_path / "inbox"
+    inbox = Inbox([group()], {}, spool=spool)
+    inbox.publish(0, b"snapshot")
+    for i in range(3):
+        assert inbox.submit(encode_chunk(chunk(3, seed=i)))["ok"]
+    (spool / "000000000001.chunk").write_bytes(b"\x00" * 40)  # a truncated write
+    (spool / "notes.chunk").write_bytes(b"not a chunk")  # a name the inbox did not write
+    with pytest.warns(RuntimeWarning, match="2 spool file") as caught:
+        again = Inbox([group()], {}, spool=spool)
+    message = str(caught[0].message)
+    assert "000000000001.chunk" in message and "notes.chunk" in message
+    assert again.status()["damaged"] == 2
+    assert [c.seq for _, c in again.take(0, [10**9], 0, 0)["chunks"]] == [0, 2]
+    damaged = spool / "damaged"
+    assert sorted(p.name for p in damaged.iterdir()) == ["000000000001.chunk", "notes.chunk"]
+    assert (damaged / "000000000001.chunk").read_bytes() == b"\x00" * 40  # kept as it was
+    again.release(10**9)  # a checkpoint covers everything: the damaged files stay
+    assert len(list(damaged.iterdir())) == 2
+    # A second damaged file of the same name does not overwrite the first.
+    (spool / "notes.chunk").write_bytes(b"other")
+    with pytest.warns(RuntimeWarning, match="1 spool file"):
+        Inbox([group()], {}, spool=spool)
+    assert (damaged / "notes.chunk").read_bytes() == b"not a chunk"
+    assert (damaged / "notes.1.chunk").read_bytes() == b"other"
+
+
+def test_a_resumed_inbox_numbers_new_chunks_past_what_a_checkpoint_released(
+    tmp_path: Path,
+) -> None:
+    spool = tmp_path / "inbox"
+    inbox = Inbox([group()], {}, spool=spool)
+    inbox.publish(0, b"snapshot")
+    for i in range(3):
+        assert inbox.submit(encode_chunk(chunk(3, seed=i)))["ok"]
+    assert inbox.take(0, [10**9], 0, 0)["last"] == 2
+    inbox.release(2)  # the checkpoint: the spool is empty now
+    resumed = Inbox([group()], {}, spool=spool)
+    resumed.release(2)  # ExternalRunner.load_state_dict, before any agent is heard
+    resumed.publish(1, b"snapshot")
+    assert resumed.submit(encode_chunk(chunk(3, seed=7)))["ok"]
+    resumed.release(2)  # a checkpoint before the new chunk is trained on keeps it
+    taken = resumed.take(0, [10**9], 1, 1)
+    assert [c.seq for _, c in taken["chunks"]] == [7] and taken["last"] == 3
+
+
+def test_the_inbox_long_poll_answers_a_new_version_at_once_and_wakes_on_request() -> None:
+    inbox = Inbox([group()], {})
+    inbox.publish(0, b"zero")
+    assert inbox.latest(-1, timeout=30)["data"] == b"zero"  # newer already: no wait
+    replies: list[dict[str, Any]] = []
+    waiter = threading.Thread(target=lambda: replies.append(inbox.latest(0, 30, "w")))
+    waiter.start()
+    inbox.publish(1, b"one")
+    waiter.join(timeout=10)
+    assert replies and replies[0]["version"] == 1 and replies[0]["data"] == b"one"
+    waiter = threading.Thread(target=lambda: replies.append(inbox.latest(1, 30, "w")))
+    waiter.start()
+    while "w" not in inbox.waiting:  # until it waits
+        time.sleep(0.01)
+    inbox.wake("w")
+    waiter.join(timeout=10)
+    assert not waiter.is_alive() and replies[1]["data"] is None
+
+
+class CountingInbox(Inbox):
+    """An in-process inbox that counts the calls an agent makes to it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: dict[str, int] = {"latest": 0, "submit_many": 0}
+
+    def latest(self, have: int, timeout: float = 0.0, watcher: str = "") -> dict[str, Any]:
+        self.calls["latest"] += 1
+        return super().latest(have, timeout, watcher)
+
+    def submit_many(self, chunks: list[bytes]) -> list[dict[str, Any]]:
+        self.calls["submit_many"] += 1
+        return super().submit_many(chunks)
+
+
+def test_an_idle_agent_waits_quietly_and_still_takes_a_new_version_promptly() -> None:
+    spec = group().spec
+    inbox = CountingInbox([AgentGroup("g", ("",), spec)], _info(spec))
+    policy = Policy(spec, trustrl.PolicyConfig())
+    inbox.publish(0, encode_snapshot(PolicySnapshot.of([policy], 0)))
+    agent = Agent(LocalLink(inbox), seed=0)
+    try:
+        time.sleep(10.0)  # idle: nothing to ship, no new version
+        assert inbox.calls["submit_many"] == 0
+        assert inbox.calls["latest"] <= 4, inbox.calls  # a long poll every WATCH_SECONDS
+        inbox.publish(1, encode_snapshot(PolicySnapshot.of([policy], 1)))
+        deadline = time.monotonic() + 5.0
+        while agent.status()["version"] != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert agent.status()["version"] == 1
+        agent.act(np.zeros(3))
+        agent.end_episode(1.0)
+        assert agent.flush(10) and inbox.calls["submit_many"] >= 1
+    finally:
+        started = time.monotonic()
+        agent.close()
+    assert time.monotonic() - started < 2.0  # close ends the long poll, not waits it out
+    assert not agent.watcher.is_alive() and not agent.thread.is_alive()
+
+
 @pytest.fixture
 def local(tmp_path: Path):
     agents: list[Agent] = []
@@ -286,9 +392,14 @@ class FlakyLink:
         self._check()
         return self.inbox.submit_many(chunks)
 
-    def latest(self, have: int) -> dict[str, Any]:
+    def latest(self, have: int, timeout: float = 0.0, watcher: str = "") -> dict[str, Any]:
         self._check()
-        return self.inbox.latest(have)
+        reply = self.inbox.latest(have, timeout, watcher)
+        self._check()  # the learner went away during the long poll
+        return reply
+
+    def wake(self, watcher: str) -> None:
+        self.inbox.wake(watcher)
 
     def close(self) -> None:
         pass
@@ -343,6 +454,7 @@ def test_an_unreachable_learner_is_queued_for_and_drained_when_back() -> None:
         agent.close(flush_timeout=0)
 
 
+@pytest.mark.slow
 def test_agent_local_trains_cartpole_from_a_hand_written_loop(tmp_path: Path) -> None:
     cfg = trustrl.resolve("CartPole-v1", overrides={"quiet": True, "seed": 3})
     agent = Agent.local(cfg, tmp_path / "run", seed=3)
@@ -388,8 +500,6 @@ def test_agent_local_with_spaces_from_the_config_trains_trpo_and_resumes(tmp_pat
 
 
 def _runner(cfg: trustrl.Config) -> Any:
-    from trustrl.remote.external import ExternalRunner
-
     groups = external_groups(cfg)
     return ExternalRunner(cfg, groups, Inbox(groups, learner_info(cfg, groups)))
 

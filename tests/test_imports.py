@@ -60,7 +60,7 @@ sys.modules["torch"] = None  # any import of torch now raises ImportError
 from pathlib import Path
 from trustrl.acting.collector import make_collector
 from trustrl.config import resolve
-from trustrl.remote.external import decode_snapshot
+from trustrl.remote.wire import decode_snapshot
 import trustrl.client.agent, trustrl.remote.runners
 
 env_id, folder = sys.argv[1], Path(sys.argv[2])
@@ -77,7 +77,7 @@ print(batch.env_steps, batch.version)
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "mpe2:simple_spread_v3"])
 def test_the_acting_side_runs_without_torch(env_id: str, tmp_path: Path) -> None:
     from trustrl.config import resolve
-    from trustrl.remote.external import encode_snapshot
+    from trustrl.remote.wire import encode_snapshot
     from trustrl.run.trainer import Trainer
 
     config = resolve(env_id, overrides={"env": {"num_envs": 2}, "rollout": {"num_steps": 64}})

@@ -17,20 +17,26 @@
             action = agent.act(obs, reward=reward)  # the reward of the previous action
 
 ``act`` runs the policy here, in numpy, on the newest snapshot this agent holds: it
-never waits on the network. A background thread ships finished chunks (external.py)
-and picks up new policy versions; the agent switches to a new version between chunks,
-so every chunk is one version's. While the learner is unreachable the agent goes on
-acting, keeps up to ``queue_size`` chunks (dropping the oldest past that, counted in
+never waits on the network. Two background threads talk to the learner: one ships
+finished chunks (the wire format: remote/wire.py), sleeping while there are none; the
+other waits for new policy versions with a long poll (the learner answers when one is
+published, or after ``WATCH_SECONDS``). The agent switches to a new version between
+chunks, so every chunk is one version's. While the learner is unreachable the agent goes
+on acting, keeps up to ``queue_size`` chunks (dropping the oldest past that, counted in
 ``status()``), and retries with backoff; when the learner is back the queue drains.
+
+A connected agent imports the acting side and the wire format only: no torch, and Ray
+only in ``Agent.connect``. ``Agent.local`` is the exception by design: it runs the
+learner (the run layer, torch) in this process, and imports it when called.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
 import threading
-import time
 import uuid
 import warnings
 from collections import deque
@@ -44,33 +50,27 @@ from trustrl.acting.inference import Inference
 from trustrl.config import Config
 from trustrl.envs.spaces import SpaceSpec
 from trustrl.normalize import MeanStd, RunningStats
-from trustrl.remote.external import (
-    Chunk,
-    ExternalRunner,
-    Inbox,
-    LinkError,
-    decode_snapshot,
-    encode_chunk,
-    external_groups,
-    learner_config,
-    learner_info,
-    max_chunk,
-)
+from trustrl.remote.wire import Chunk, LinkError, decode_snapshot, encode_chunk
 
 if TYPE_CHECKING:
+    from trustrl.remote.external import ExternalRunner
+    from trustrl.remote.inbox import Inbox
     from trustrl.run.trainer import Trainer
 
 MIN_BACKOFF, MAX_BACKOFF = 0.05, 5.0
-POLL_SECONDS = 0.05
+WATCH_SECONDS = 5.0
+"""The longest an idle agent's long poll for a new policy lasts before it asks again."""
 SEND_BATCH = 256  # chunks per call to the learner
 
 
 class Link(Protocol):
-    """How an agent reaches the inbox: in-process, or a Ray actor by name."""
+    """How an agent reaches the inbox (``Inbox``'s methods of the same names): in-process,
+    or a Ray actor by name. A call that cannot reach the learner raises LinkError."""
 
     def info(self) -> dict[str, Any]: ...
     def submit_many(self, chunks: list[bytes]) -> list[dict[str, Any]]: ...
-    def latest(self, have: int) -> dict[str, Any]: ...
+    def latest(self, have: int, timeout: float = 0.0, watcher: str = "") -> dict[str, Any]: ...
+    def wake(self, watcher: str) -> None: ...
     def close(self) -> None: ...
 
 
@@ -86,8 +86,11 @@ class LocalLink:
     def submit_many(self, chunks: list[bytes]) -> list[dict[str, Any]]:
         return self.inbox.submit_many(chunks)
 
-    def latest(self, have: int) -> dict[str, Any]:
-        return self.inbox.latest(have)
+    def latest(self, have: int, timeout: float = 0.0, watcher: str = "") -> dict[str, Any]:
+        return self.inbox.latest(have, timeout, watcher)
+
+    def wake(self, watcher: str) -> None:
+        self.inbox.wake(watcher)
 
     def close(self) -> None:
         pass
@@ -170,11 +173,13 @@ class Agent:
         self.owns_link = True  # False for a sibling: the connection is another agent's
         self.owns_learner = True  # likewise
         # Agent.local's learner, in step with this thread (see _deliver); no shipping
-        # thread then.
+        # or watching thread then.
         self._learner = learner
         self.thread = threading.Thread(target=self._ship, name="trustrl-agent", daemon=True)
+        self.watcher = threading.Thread(target=self._watch, name="trustrl-agent-watch", daemon=True)
         if learner is None:
             self.thread.start()
+            self.watcher.start()
         else:
             self._fetch()
         if not self._wait_for_snapshot(timeout):
@@ -196,6 +201,14 @@ class Agent:
         """An agent whose learner runs in this process, on a thread: the run folder is
         written as by ``trustrl train`` (``agent.learner`` is the Trainer). Training
         stops at ``total_steps``; ``close()`` stops it earlier, with a checkpoint."""
+        from trustrl.remote.external import (
+            ExternalRunner,
+            external_groups,
+            learner_config,
+            learner_info,
+            max_chunk,
+        )
+        from trustrl.remote.inbox import Inbox
         from trustrl.run.trainer import Trainer
 
         config, notes = learner_config(config)
@@ -357,12 +370,8 @@ class Agent:
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every finished chunk is delivered; whether it was within ``timeout``."""
-        deadline = time.monotonic() + timeout
         with self.lock:
-            self.lock.notify_all()
-            while self.queue and time.monotonic() < deadline:
-                self.lock.wait(min(0.1, max(deadline - time.monotonic(), 0.0)))
-            return not self.queue
+            return self.lock.wait_for(lambda: not self.queue, timeout)
 
     def close(self, flush_timeout: float = 10.0) -> None:
         """Deliver what is queued (up to ``flush_timeout`` seconds), stop the shipping
@@ -375,8 +384,13 @@ class Agent:
         with self.lock:
             self.closed = True
             self.lock.notify_all()
+        if self.watcher.is_alive():
+            with contextlib.suppress(Exception):  # an unreachable learner holds no poll
+                self.link.wake(self.source)
         if self.thread.is_alive():
             self.thread.join(timeout=5.0)
+        if self.watcher.is_alive():
+            self.watcher.join(timeout=WATCH_SECONDS + 1.0)
         if self.owns_link:
             self.link.close()
         if self._learner is not None and self.owns_learner:
@@ -520,8 +534,8 @@ class Agent:
         wait for the learner's update (it runs while this loop waits, instead of fighting
         it for the interpreter lock, which slowed a CartPole update some 40 times), then
         take the new policy."""
-        inbox = self._learner.runner.inbox if self._learner is not None else None
-        assert isinstance(inbox, Inbox)
+        assert self._learner is not None
+        inbox: Inbox = self._learner.runner.inbox
         reply = inbox.submit(data)
         with self.lock:
             self._count(reply)
@@ -536,14 +550,15 @@ class Agent:
             self.counts["rejected"] += 1
             self.last_error = str(reply.get("error", ""))
 
-    def _fetch(self) -> None:
-        """The learner's newest snapshot, if newer than this agent's; whether the run
-        finished."""
+    def _fetch(self, timeout: float = 0.0) -> None:
+        """The learner's newest snapshot, if newer than this agent's, waiting up to
+        ``timeout`` seconds for one (a long poll); whether the run finished."""
         with self.lock:
             have = self.snapshot[0] if self.snapshot else -1
-        latest = self.link.latest(have)
+        latest = self.link.latest(have, timeout, self.source)
         with self.lock:
             self.finished = bool(latest["finished"])
+            self.connected = True
         if latest["data"] is None:
             return
         snapshot = decode_snapshot(latest["data"])
@@ -553,27 +568,23 @@ class Agent:
             self.lock.notify_all()
 
     def _wait_for_snapshot(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
         with self.lock:
-            while self.snapshot is None and time.monotonic() < deadline:
-                self.lock.wait(0.05)
-            return self.snapshot is not None
+            return self.lock.wait_for(lambda: self.snapshot is not None, timeout)
 
     def _ship(self) -> None:
-        """The shipping thread: deliver the queue in order, fetch newer snapshots; on a
-        failure, back off (doubling, up to MAX_BACKOFF) and try again."""
+        """The shipping thread: deliver the queue in order, asleep while it is empty; on a
+        failure, back off and try again."""
         backoff = MIN_BACKOFF
         while True:
             with self.lock:
+                self.lock.wait_for(lambda: self.queue or self.closed)
                 if self.closed:
                     return
-                if not self.queue:
-                    self.lock.wait(POLL_SECONDS)
                 batch = list(itertools.islice(self.queue, SEND_BATCH))
             try:
                 # One call for everything queued: a call per chunk would need the
                 # interpreter lock per chunk, which a busy application loop holds.
-                replies = self.link.submit_many(batch) if batch else []
+                replies = self.link.submit_many(batch)
                 with self.lock:
                     for data, reply in zip(batch, replies, strict=True):
                         if reply.get("retry"):
@@ -581,22 +592,40 @@ class Agent:
                         if self.queue and self.queue[0] is data:  # not dropped meanwhile
                             self.queue.popleft()
                         self._count(reply)
-                    self.lock.notify_all()
-                self._fetch()
-                with self.lock:
                     self.connected = True
+                    self.lock.notify_all()
                 backoff = MIN_BACKOFF
             except Exception as exc:  # a LinkError, or anything else: never end the thread
-                with self.lock:
-                    self.connected = not isinstance(exc, LinkError)
-                    self.counts["retries"] += 1
-                    self.last_error = f"{type(exc).__name__}: {exc}"
-                    resume = time.monotonic() + backoff  # new chunks do not cut it short
-                    while not self.closed and time.monotonic() < resume:
-                        self.lock.wait(resume - time.monotonic())  # close() wakes it
-                if not isinstance(exc, LinkError) and self.counts["retries"] == 1:
-                    warnings.warn(f"trustrl agent: {self.last_error}", RuntimeWarning, stacklevel=1)
-                backoff = min(backoff * 2, MAX_BACKOFF)
+                backoff = self._back_off(exc, backoff)
+
+    def _watch(self) -> None:
+        """The watching thread: one long poll after another for a newer policy (the
+        learner answers as soon as one is published); on a failure, back off and try
+        again."""
+        backoff = MIN_BACKOFF
+        while True:
+            with self.lock:
+                if self.closed:
+                    return
+            try:
+                self._fetch(WATCH_SECONDS)
+                backoff = MIN_BACKOFF
+            except Exception as exc:  # a LinkError, or anything else: never end the thread
+                backoff = self._back_off(exc, backoff)
+
+    def _back_off(self, exc: Exception, backoff: float) -> float:
+        """A failed call to the learner: counted, then ``backoff`` seconds of waiting
+        (``close()`` cuts it short, new chunks do not); returns the next, doubled up to
+        MAX_BACKOFF."""
+        with self.lock:
+            self.connected = not isinstance(exc, LinkError)
+            self.counts["retries"] += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            first = self.counts["retries"] == 1
+            self.lock.wait_for(lambda: self.closed, backoff)
+        if first and not isinstance(exc, LinkError):
+            warnings.warn(f"trustrl agent: {self.last_error}", RuntimeWarning, stacklevel=1)
+        return min(backoff * 2, MAX_BACKOFF)
 
 
 class _LearnerThread:

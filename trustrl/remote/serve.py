@@ -18,21 +18,28 @@ from pathlib import Path
 from typing import Any
 
 from trustrl.config import Config, ConfigError
-from trustrl.remote.cluster import RayCluster, import_ray
+from trustrl.remote.cluster import RayCluster, create_actor, import_ray
 from trustrl.remote.external import (
     ExternalRunner,
-    Inbox,
-    LinkError,
     external_groups,
     learner_config,
     learner_info,
     max_chunk,
 )
+from trustrl.remote.inbox import Inbox
+from trustrl.remote.wire import LinkError
 
 NAMESPACE = "trustrl"
 LINGER_SECONDS = 2.0
 """How long a finished learner stays up so that its agents hear that it finished."""
 CALL_SECONDS = 10.0
+WATCHERS = "watchers"
+"""The inbox actor's concurrency group for agents' long polls (``Inbox.latest``): each
+waits on a thread of its own, and the agents' deliveries and the learner's calls never
+wait behind them."""
+MAX_WATCHERS = 256
+"""Agents that can wait for a new policy at once (a thread each, mostly asleep); past
+that, a long poll waits for a free thread, which the agent sees as a slow answer."""
 
 
 class RemoteInbox:
@@ -70,12 +77,17 @@ class RayLink:
         self.ray = import_ray()
         self.handle: Any = None
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def _call(self, method: str, *args: Any, wait: float = 0.0, group: str | None = None) -> Any:
+        """``method(*args)`` on the inbox actor, which may take ``wait`` seconds besides
+        the call's own; ``group``: the actor's concurrency group to run it in."""
         ray = self.ray
         try:
             if self.handle is None:
                 self.handle = ray.get_actor(self.name, namespace=NAMESPACE)
-            return ray.get(getattr(self.handle, method).remote(*args), timeout=CALL_SECONDS)
+            call = getattr(self.handle, method)
+            if group is not None:
+                call = call.options(concurrency_group=group)
+            return ray.get(call.remote(*args), timeout=CALL_SECONDS + wait)
         except (ValueError, ray.exceptions.RayError) as exc:
             self.handle = None
             raise LinkError(f"learner {self.name!r} unreachable ({type(exc).__name__})") from None
@@ -98,8 +110,14 @@ class RayLink:
     def submit_many(self, chunks: list[bytes]) -> list[dict[str, Any]]:
         return list(self._call("submit_many", chunks))
 
-    def latest(self, have: int) -> dict[str, Any]:
-        return dict(self._call("latest", have))
+    def latest(self, have: int, timeout: float = 0.0, watcher: str = "") -> dict[str, Any]:
+        """``Inbox.latest``: a long poll of up to ``timeout`` seconds, on a thread of the
+        actor's own for watchers."""
+        return dict(self._call("latest", have, timeout, watcher, wait=timeout, group=WATCHERS))
+
+    def wake(self, watcher: str) -> None:
+        """``Inbox.wake``: end ``watcher``'s long poll."""
+        self._call("wake", watcher)
 
     def close(self) -> None:
         self.cluster.shutdown()
@@ -131,19 +149,17 @@ def serve(
     cluster.start()  # first: it chooses the mode Ray is imported in (cluster.py)
     try:
         ray = import_ray()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        node = ray.get_runtime_context().get_node_id()
-        actor_class = ray.remote(Inbox)
         try:
-            handle = actor_class.options(
+            handle = create_actor(
+                Inbox,
+                (groups, learner_info(config, groups), str(spool), max_chunk(config)),
+                num_cpus=0,
+                node_id=ray.get_runtime_context().get_node_id(),  # the spool is in the run folder
                 name=name,
                 namespace=NAMESPACE,
                 max_concurrency=32,  # agents' calls while the learner waits in take()
-                num_cpus=0,
-                max_restarts=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-            ).remote(groups, learner_info(config, groups), str(spool), max_chunk(config))
+                concurrency_groups={WATCHERS: MAX_WATCHERS},
+            )
             ray.get(handle.status.remote())
         except ValueError as exc:  # the name is taken
             raise ConfigError(

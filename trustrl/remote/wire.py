@@ -1,0 +1,247 @@
+"""The wire format between external agents and their learner: what travels, and how it
+is checked. No Ray and no torch: the agent client (client/agent.py) imports this module
+and the acting side only.
+
+Two payloads travel, both safetensors bytes (arrays and string metadata, parsed without
+pickle, so no code runs on receipt):
+
+* a **chunk** (agent to learner): up to ``agent.max_chunk_length`` steps of one agent's
+  episode, acted on by one policy version, with the value to bootstrap from where the
+  chunk stops short of a terminal state. ``decode_chunk`` checks it field by field
+  against the learner's spaces (names, dtypes, shapes, lengths, finiteness, action
+  ranges, at most ``MAX_CHUNK_BYTES``) and raises a ``ChunkError`` that says which field
+  was wrong and how;
+* a **snapshot** (learner to agent): a ``PolicySnapshot`` (contract.py), its layers in the
+  module's order.
+
+``LinkError`` is the other failure at this boundary: the learner could not be reached
+(the agent queues and retries). Ray's own transport is pickle-based and trusts whoever
+holds the cluster's token; the learner's API takes nothing from an agent but these bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trustrl.contract import GroupSnapshot, PolicySnapshot
+from trustrl.envs.rows import AgentGroup
+from trustrl.normalize import RunningStats
+
+CHUNK_FORMAT = "trustrl-chunk/1"
+SNAPSHOT_FORMAT = "trustrl-snapshot/1"
+ENDINGS = ("terminated", "truncated", "cut")
+"""How a chunk ends: its episode terminated (no bootstrap), hit a time limit, or goes on
+in the next chunk (both bootstrapped from the chunk's last value)."""
+MAX_CHUNK_BYTES = 64 * 1024 * 1024
+
+
+class ChunkError(ValueError):
+    """A chunk that does not fit the learner's spaces; the message says what and where."""
+
+
+class LinkError(ConnectionError):
+    """An agent could not reach its learner (it queues and retries)."""
+
+
+def encode_snapshot(snapshot: PolicySnapshot) -> bytes:
+    from safetensors.numpy import save
+
+    tensors = {
+        f"{index}/{key}": np.ascontiguousarray(value)
+        for index, group in enumerate(snapshot.groups)
+        for key, value in group.weights.items()
+    }
+    metadata = {
+        "format": SNAPSHOT_FORMAT,
+        "version": str(snapshot.version),
+        "descriptions": json.dumps([group.description for group in snapshot.groups]),
+        # safetensors sorts its keys (the layers are read in the module's order) and
+        # stores some 0-d arrays as (1,): the names and shapes as they were.
+        "keys": json.dumps(
+            [[[k, list(v.shape)] for k, v in group.weights.items()] for group in snapshot.groups]
+        ),
+    }
+    return save(tensors, metadata)
+
+
+def decode_snapshot(data: bytes) -> PolicySnapshot:
+    """A snapshot from the learner's bytes (safetensors: no code runs)."""
+    metadata, tensors = _parse(data, SNAPSHOT_FORMAT)
+    descriptions = json.loads(metadata["descriptions"])
+    keys = json.loads(metadata["keys"])
+    groups = []
+    for index, (description, names) in enumerate(zip(descriptions, keys, strict=True)):
+        weights = {name: tensors[f"{index}/{name}"].reshape(shape) for name, shape in names}
+        groups.append(GroupSnapshot(description, weights))
+    return PolicySnapshot(int(metadata["version"]), tuple(groups))
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Up to ``max_chunk_length`` steps of one agent's episode, one policy version."""
+
+    agent: str  # the agent's id in its group ("" for single-agent spaces)
+    source: str  # which Agent object sent it (a random id) and ...
+    seq: int  # ... its number there: (source, seq) identifies the chunk
+    version: int  # the policy version that acted
+    ending: str  # one of ENDINGS
+    obs: np.ndarray  # (L, obs_dim) float32, normalized as acted on
+    actions: np.ndarray  # (L, *action_shape)
+    logprob: np.ndarray  # (L,) float32, the behaviour policy's
+    values: np.ndarray  # (L + 1,) float32: the last is the bootstrap (0 when terminated)
+    rewards: np.ndarray  # (L,) float32, after the agent's reward scaling
+    action_mask: np.ndarray | None  # (L, A) bool
+    obs_delta: RunningStats | None  # the raw observations seen
+    episode_return: float | None  # raw return of the episode this chunk ended, if it did
+    episode_length: int | None
+
+    def __len__(self) -> int:
+        return len(self.logprob)
+
+
+def encode_chunk(chunk: Chunk) -> bytes:
+    from safetensors.numpy import save
+
+    tensors: dict[str, np.ndarray] = {
+        "obs": chunk.obs,
+        "actions": chunk.actions,
+        "logprob": chunk.logprob,
+        "values": chunk.values,
+        "rewards": chunk.rewards,
+    }
+    if chunk.action_mask is not None:
+        tensors["action_mask"] = chunk.action_mask
+    metadata = {
+        "format": CHUNK_FORMAT,
+        "agent": chunk.agent,
+        "source": chunk.source,
+        "seq": str(chunk.seq),
+        "version": str(chunk.version),
+        "ending": chunk.ending,
+    }
+    if chunk.obs_delta is not None:
+        tensors["obs_mean"] = chunk.obs_delta.mean
+        tensors["obs_m2"] = chunk.obs_delta.m2
+        metadata["obs_count"] = repr(chunk.obs_delta.count)
+    if chunk.episode_return is not None:
+        metadata["episode_return"] = repr(chunk.episode_return)
+        metadata["episode_length"] = str(chunk.episode_length)
+    return save({k: np.ascontiguousarray(v) for k, v in tensors.items()}, metadata)
+
+
+def _parse(data: Any, expected_format: str) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
+
+    if not isinstance(data, bytes):
+        raise ChunkError(f"expected safetensors bytes, got {type(data).__name__}")
+    if len(data) > MAX_CHUNK_BYTES:
+        raise ChunkError(f"{len(data):,} bytes is over the limit of {MAX_CHUNK_BYTES:,}")
+    try:
+        tensors = load(data)
+        header_size = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + header_size])
+    except (SafetensorError, ValueError, json.JSONDecodeError) as exc:
+        raise ChunkError(f"not a safetensors payload ({exc})") from None
+    metadata = header.get("__metadata__") or {}
+    if metadata.get("format") != expected_format:
+        raise ChunkError(
+            f"format {metadata.get('format')!r}, expected {expected_format!r} (an agent of "
+            "another trustrl version?)"
+        )
+    return metadata, tensors
+
+
+def decode_chunk(
+    data: Any, groups: Sequence[AgentGroup], max_length: int = 1_000_000
+) -> tuple[int, Chunk]:
+    """(group index, chunk) from an agent's bytes, checked against the groups' spaces:
+    field names, dtypes, shapes, lengths, finiteness, action ranges. A ChunkError says
+    which field was wrong and how."""
+    metadata, tensors = _parse(data, CHUNK_FORMAT)
+    agent = metadata.get("agent", "")
+    where = next((i for i, g in enumerate(groups) if agent in g.agents), None)
+    if where is None:
+        names = [a for g in groups for a in g.agents]
+        raise ChunkError(f"agent {agent!r} is not one of the learner's agents {names}")
+    spec = groups[where].spec
+    try:
+        seq, version = int(metadata["seq"]), int(metadata["version"])
+        ending, source = metadata["ending"], metadata["source"]
+        count = float(metadata["obs_count"]) if "obs_count" in metadata else None
+        episode_return = float(metadata["episode_return"]) if "episode_return" in metadata else None
+        episode_length = int(metadata["episode_length"]) if "episode_length" in metadata else None
+    except (KeyError, ValueError) as exc:
+        raise ChunkError(f"metadata {sorted(metadata)}: missing or malformed ({exc})") from None
+    if ending not in ENDINGS:
+        raise ChunkError(f"ending {ending!r}; allowed: {', '.join(ENDINGS)}")
+    if version < 0 or seq < 0:
+        raise ChunkError(f"version {version} and seq {seq} must be >= 0")
+    allowed = {"obs", "actions", "logprob", "values", "rewards", "action_mask"}
+    allowed |= {"obs_mean", "obs_m2"}
+    unknown = sorted(set(tensors) - allowed)
+    if unknown:
+        raise ChunkError(f"unknown arrays {unknown}; allowed: {sorted(allowed)}")
+    length = len(tensors["logprob"]) if "logprob" in tensors else 0
+    if not 1 <= length <= max_length:
+        raise ChunkError(f"a chunk holds 1 to {max_length:,} steps, got {length}")
+    expected: dict[str, tuple[tuple[int, ...], Any]] = {
+        "obs": ((length, spec.obs_dim), np.float32),
+        "actions": ((length, *spec.action_shape), spec.action_dtype),
+        "logprob": ((length,), np.float32),
+        "values": ((length + 1,), np.float32),
+        "rewards": ((length,), np.float32),
+    }
+    if spec.mask_dim is not None and "action_mask" in tensors:
+        expected["action_mask"] = ((length, spec.mask_dim), np.bool_)
+    elif "action_mask" in tensors:
+        raise ChunkError("action_mask sent for a policy without action masks")
+    if count is not None:
+        expected["obs_mean"] = ((spec.obs_dim,), np.float64)
+        expected["obs_m2"] = ((spec.obs_dim,), np.float64)
+    for name, (shape, dtype) in expected.items():
+        if name not in tensors:
+            raise ChunkError(f"array {name!r} is missing")
+        array = tensors[name]
+        if array.shape != shape or array.dtype != dtype:
+            raise ChunkError(
+                f"array {name!r} is {array.dtype}{list(array.shape)}, expected "
+                f"{np.dtype(dtype)}{list(shape)}"
+            )
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise ChunkError(f"array {name!r} holds NaN or infinite values")
+    actions = tensors["actions"]
+    if spec.action_kind != "box":
+        high = np.asarray(spec.nvec)
+        if ((actions < 0) | (actions >= high)).any():
+            raise ChunkError(f"actions outside 0..{[n - 1 for n in spec.nvec]}")
+    delta = None
+    if count is not None:
+        if not (count == length and math.isfinite(count)):
+            raise ChunkError(f"obs_count {count} must equal the chunk's {length} steps")
+        if (tensors["obs_m2"] < 0).any():
+            raise ChunkError("obs_m2 must be >= 0")
+        delta = RunningStats(count, tensors["obs_mean"], tensors["obs_m2"])
+    chunk = Chunk(
+        agent,
+        source,
+        seq,
+        version,
+        ending,
+        tensors["obs"],
+        actions,
+        tensors["logprob"],
+        tensors["values"],
+        tensors["rewards"],
+        tensors.get("action_mask"),
+        delta,
+        episode_return if ending != "cut" else None,
+        episode_length if ending != "cut" else None,
+    )
+    return where, chunk
