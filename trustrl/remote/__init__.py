@@ -1,6 +1,18 @@
 """The remote side: Ray (the cluster, the runners, ``trustrl serve``) and the external
 agents' learner side (the inbox, the wire format). The only layer that imports Ray.
 
+* ``cluster.py``: the Ray instance of a run (``RayCluster``), ``import_ray``, and
+  ``create_actor``, through which every actor is made;
+* ``runners.py``: ``RayRunners``, the collector in Ray actors;
+* ``wire.py``: what travels between an agent and its learner (chunks, snapshots) and how
+  it is checked; no Ray, no torch (the agent client imports it);
+* ``inbox.py``: ``Inbox``, where chunks arrive and are spooled and the newest policy
+  waits; no Ray;
+* ``external.py``: ``ExternalRunner`` (the learner's ``Runner`` over an inbox), packing,
+  the spaces and settings of a learner for external agents;
+* ``serve.py``: ``trustrl serve``, the inbox as a named Ray actor, and ``RayLink``, an
+  agent's way to it.
+
 Nothing here imports Ray at module import time: ``import trustrl.remote`` stays
 cheap, and Ray (the optional ``trustrl[ray]`` extra) is imported on first use.
 """
