@@ -19,12 +19,25 @@ cheap, and Ray (the optional ``trustrl[ray]`` extra) is imported on first use.
 
 from __future__ import annotations
 
-from trustrl.remote.cluster import (
-    INSTALL_HINT,
-    RayCluster,
-    RayUnavailableError,
-    create_actor,
-    import_ray,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trustrl.remote.cluster import (
+        INSTALL_HINT,
+        RayCluster,
+        RayUnavailableError,
+        create_actor,
+        import_ray,
+    )
 
 __all__ = ["INSTALL_HINT", "RayCluster", "RayUnavailableError", "create_actor", "import_ray"]
+
+
+def __getattr__(name: str) -> Any:
+    """cluster.py's names, imported on first use: the agent client imports wire.py from
+    this package and needs none of them (nor cluster.py's urllib and ssl)."""
+    if name in __all__:
+        from trustrl.remote import cluster
+
+        return getattr(cluster, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
