@@ -203,10 +203,12 @@ class Policy(nn.Module):
         self.head: ActionHead
         if per_agent:
             self.actor = encoder.build_torch(spec.obs_dim, settings, num_agents)
-            self.head = make_head(spec, self.actor.out_features, config, num_agents)  # type: ignore[assignment]
+            features: int = self.actor.out_features  # type: ignore[assignment]
+            self.head = make_head(spec, features, config, num_agents)  # type: ignore[assignment]
         else:
             self.actor = encoder.build_torch(spec.obs_dim + id_width, settings, None)
-            self.head = make_head(spec, self.actor.out_features, config)  # type: ignore[assignment]
+            features = self.actor.out_features  # type: ignore[assignment]
+            self.head = make_head(spec, features, config)  # type: ignore[assignment]
         critic_in = (critic_dim or spec.obs_dim) + id_width
         critic_encoder = encoder.build_torch(critic_in, settings, None)
         self.critic = nn.Sequential(critic_encoder, nn.Linear(critic_encoder.out_features, 1))
