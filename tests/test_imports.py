@@ -53,7 +53,7 @@ def test_no_import_cycles() -> None:
 
 # The acting side (a Ray runner, an external agent) needs no torch: it acts on a policy
 # snapshot's numpy arrays. A child process with torch made unimportable collects with a
-# snapshot the learner made.
+# snapshot the learner made, and an agent acts on it and ships its episodes.
 ACT_WITHOUT_TORCH = """
 import sys
 sys.modules["torch"] = None  # any import of torch now raises ImportError
@@ -66,10 +66,37 @@ import trustrl.client.agent, trustrl.remote.runners
 env_id, folder = sys.argv[1], Path(sys.argv[2])
 config = resolve(env_id, overrides={"env": {"num_envs": 2}, "rollout": {"num_steps": 64}})
 collector = make_collector(config, seed=3, num_envs=2)
-snapshot = decode_snapshot((folder / "snapshot").read_bytes())
+data = (folder / "snapshot").read_bytes()
+snapshot = decode_snapshot(data)
 for _ in range(2):
     batch = collector.collect(snapshot)
 collector.state_dict()
+
+# An agent acts on the snapshot and ships its episodes to an inbox, all without torch.
+if ":" not in env_id:
+    import gymnasium as gym
+    from trustrl.client.agent import Agent, LocalLink
+    from trustrl.remote.external import external_groups, learner_info
+    from trustrl.remote.inbox import Inbox
+
+    groups = external_groups(config)
+    inbox = Inbox(groups, learner_info(config, groups))
+    inbox.publish(snapshot.version, data)
+    env = gym.make(env_id)
+    with Agent(LocalLink(inbox), seed=0) as agent:
+        for episode in range(2):
+            obs, _ = env.reset(seed=episode)
+            action, done = agent.act(obs), False
+            while not done:
+                obs, reward, terminated, truncated, _ = env.step(action)
+                done = terminated or truncated
+                if done:
+                    agent.end_episode(float(reward), truncated=truncated and not terminated)
+                else:
+                    action = agent.act(obs, reward=float(reward))
+        assert agent.flush(timeout=30)
+    assert inbox.status()["received"] >= 2, inbox.status()
+assert "torch" not in sys.modules or sys.modules["torch"] is None
 print(batch.env_steps, batch.version)
 """
 
