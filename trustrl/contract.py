@@ -167,24 +167,47 @@ class CollectionStopped(Exception):
 
 
 class Runner(Protocol):
-    """Where a collector runs: in this process (``Collector`` itself) or elsewhere
-    (``distributed.runners.RayRunners``)."""
+    """Where a collector runs: in this process (``acting.collector.Collector``), in Ray
+    actors (``remote.runners.RayRunners``), or in external agents
+    (``remote.external.ExternalRunner``).
 
-    @property
-    def groups(self) -> list[AgentGroup]: ...
+    An implementation subclasses this and writes ``collect``, ``state_dict`` and
+    ``load_state_dict``, and sets ``groups``; the rest have defaults for a runner with
+    nothing to report, capture, reset, stop or release. (The defaults return None
+    explicitly: mypy takes a protocol method whose body is only a docstring as abstract.)
+    """
+
+    groups: list[AgentGroup]
+
     def collect(self, snapshot: PolicySnapshot, train: bool = True) -> RolloutBatch: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any], env_state: Any = None) -> None: ...
-    def capture(self) -> Any: ...
-    def reset(self, seed: int) -> None: ...
+
+    def capture(self) -> Any:
+        """The environments' state for an exact resume, or None: not captured (the envs
+        run elsewhere), and a resumed run starts fresh episodes (``reset``)."""
+        return None
+
+    def reset(self, seed: int) -> None:
+        """Start fresh episodes in every env (nothing to do where the episodes run in
+        external agents)."""
+        return None
+
     def metrics(self) -> dict[str, float]:
         """What the runner reports per iteration beside the rollout (restarts, drops)."""
+        return {}
 
     def checkpointed(self, state: dict[str, Any]) -> None:
-        """A checkpoint holding ``state`` (from ``state_dict``) is on disk."""
+        """A checkpoint holding ``state`` (from ``state_dict``) is on disk: what it covers
+        may be let go of."""
+        return None
 
     def stop(self) -> None:
         """Asked from a signal handler: a ``collect`` waiting on something outside the
-        learner (external agents) gives up with ``CollectionStopped``."""
+        learner (external agents) gives up with ``CollectionStopped``; a rollout that ends
+        by itself has nothing to do."""
+        return None
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the envs, actors or connections the runner holds."""
+        return None

@@ -29,7 +29,7 @@ import numpy as np
 
 from trustrl.acting.inference import Inference
 from trustrl.config import Config, ObsStats
-from trustrl.contract import EpisodeStats, GroupBatch, PolicySnapshot, RolloutBatch
+from trustrl.contract import EpisodeStats, GroupBatch, PolicySnapshot, RolloutBatch, Runner
 from trustrl.envs.gym import GymRows, make_row_env
 from trustrl.envs.rows import AgentGroup, EnvState, GroupObs, RowEnv
 from trustrl.envs.spaces import SpaceSpec
@@ -212,7 +212,7 @@ class _Seen:
         return RunningStats.of(self.obs[self.alive]), critic
 
 
-class Collector:
+class Collector(Runner):
     def __init__(
         self,
         envs: RowEnv | gym.vector.VectorEnv,
@@ -339,16 +339,6 @@ class Collector:
             num_steps * self.num_envs,
             time.perf_counter() - start,
         )
-
-    def metrics(self) -> dict[str, float]:
-        """Nothing beyond the rollout: the collector runs in the learner's process."""
-        return {}
-
-    def checkpointed(self, state: dict[str, Any]) -> None:
-        pass  # nothing outside the checkpoint to let go of
-
-    def stop(self) -> None:
-        pass  # a rollout ends by itself
 
     def _inputs(
         self,

@@ -33,6 +33,7 @@ from trustrl.contract import (
     GroupBatch,
     PolicySnapshot,
     RolloutBatch,
+    Runner,
 )
 from trustrl.envs.rows import AgentGroup
 from trustrl.envs.spaces import SpaceSpec
@@ -115,7 +116,7 @@ def learner_info(config: Config, groups: Sequence[AgentGroup]) -> dict[str, Any]
 # The learner's runner.
 
 
-class ExternalRunner:
+class ExternalRunner(Runner):
     """A ``Runner`` whose rollouts are the chunks external agents delivered.
 
     ``collect(snapshot)`` publishes the snapshot, then takes chunks until every group has
@@ -222,12 +223,6 @@ class ExternalRunner:
     def load_state_dict(self, state: dict[str, Any], env_state: Any = None) -> None:
         self.consumed, self.dropped = int(state["consumed"]), int(state["dropped"])
         self.inbox.release(self.consumed)  # what the checkpoint already trained on
-
-    def capture(self) -> None:
-        return None  # the episodes run in the agents
-
-    def reset(self, seed: int) -> None:
-        pass
 
     def close(self) -> None:
         self.inbox.finish()

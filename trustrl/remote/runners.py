@@ -29,7 +29,7 @@ from threadpoolctl import threadpool_limits
 
 from trustrl.acting.collector import make_collector
 from trustrl.config import Config
-from trustrl.contract import PolicySnapshot, RolloutBatch, join
+from trustrl.contract import PolicySnapshot, RolloutBatch, Runner, join
 from trustrl.envs.rows import AgentGroup
 from trustrl.remote.cluster import RayCluster, create_actor, import_ray
 
@@ -77,7 +77,7 @@ class RunnerActor:
         self.collector.close()
 
 
-class RayRunners:
+class RayRunners(Runner):
     """``config.runners`` runner actors with ``config.runner_envs`` envs each."""
 
     def __init__(self, config: Config) -> None:
@@ -244,12 +244,6 @@ class RayRunners:
             **lags,
         }
 
-    def checkpointed(self, state: dict[str, Any]) -> None:
-        pass  # the runners' state is in the checkpoint itself
-
-    def stop(self) -> None:
-        pass  # a rollout ends by itself (or at runner_timeout)
-
     def state_dict(self) -> dict[str, Any]:
         states = self.ray.get([actor.state_dict.remote() for actor in self.actors])
         return {"runners": states, "replaced": list(self.replaced), "restarts": self.restarts}
@@ -265,10 +259,6 @@ class RayRunners:
                 for a, s in zip(self.actors, state["runners"], strict=True)
             ]
         )
-
-    def capture(self) -> None:
-        """Env state is not captured on runners: a resumed run starts fresh episodes."""
-        return None
 
     def reset(self, seed: int) -> None:
         self.ray.get([a.reset.remote(seed + SEED_STRIDE * i) for i, a in enumerate(self.actors)])
