@@ -486,7 +486,7 @@ def test_cartpole_episode_accounting_on_every_backend(backend: str) -> None:
 
 def _rollout_matches_policy(trainer: Any) -> None:
     """Every stored log-probability and value of a fresh rollout is the torch policy's."""
-    rollouts, _ = trainer.collect()
+    rollouts = trainer.collect().rollouts
     for policy, rollout in zip(trainer.policies, rollouts, strict=True):
         steps, rows = rollout.logprob.shape
         agent = rollout.agent.repeat(steps)
@@ -566,6 +566,30 @@ def test_multiagent_rollout_log_probs_and_values_are_the_policys(
     trainer = Trainer(config_from_dict(table))
     trainer.train(iterations=1)
     _rollout_matches_policy(trainer)
+
+
+def test_the_trainers_collect_returns_what_it_measured(tmp_path: Path) -> None:
+    """``Trainer.collect`` returns the rollouts, the episodes that ended, the env steps and
+    the version lag; it leaves the run's own counts to the iteration that trains on them."""
+    table = {
+        "env_id": "CartPole-v1",
+        "total_steps": 128,
+        "quiet": True,
+        "eval_episodes": 0,
+        "run_dir": str(tmp_path),
+        "env": {"num_envs": 2},
+        "rollout": {"num_steps": 32},
+        "policy": {"hidden_sizes": [16]},
+    }
+    trainer = Trainer(config_from_dict(table))
+    collected = trainer.collect()
+    assert collected.env_steps == 2 * 32 and collected.version_lag == 0
+    (rollout,) = collected.rollouts
+    assert rollout.logprob.shape == (32, 2)
+    episodes = collected.episodes
+    assert len(episodes.returns) == len(episodes.lengths) >= 1  # CartPole's early episodes
+    assert sum(episodes.lengths) <= 2 * 32  # episodes that began with the rollout
+    assert trainer.iteration == 0 and trainer.env_steps == 0
 
 
 @pytest.mark.parametrize("shape", [(3,), (2, 2)])

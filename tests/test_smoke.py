@@ -10,13 +10,17 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import threading
 import tomllib
+import warnings
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from threadpoolctl import threadpool_info
 
 import trustrl
 from tests import envs as E
@@ -29,6 +33,7 @@ from trustrl.config import (
     config_from_dict,
 )
 from trustrl.envs.gym import env_factory
+from trustrl.learner.warn import warn
 from trustrl.run.logging import read_progress
 from trustrl.run.trainer import Trainer
 
@@ -332,27 +337,95 @@ def test_a_resumed_run_keeps_every_iteration_in_tensorboard(tmp_path: Path) -> N
     assert [step for step, _ in scalars["loss_pi"]] == [row["env_steps"] for row in rows]
 
 
-def test_the_objects_before_a_run_are_out_of_gc_scans_until_it_returns(tmp_path: Path) -> None:
-    """A Trainer sets the heap it starts with aside from the cyclic collector's scans (a
-    full scan of torch's objects is tens of ms) and gives it back when train() returns,
-    also when train() pauses early."""
+def _process_settings() -> tuple[int, int, list[tuple[str, int]]]:
+    """What a run may change process-wide: gc's frozen objects, torch's and BLAS's threads."""
+    blas = [(i["filepath"], i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas"]
+    return gc.get_freeze_count(), torch.get_num_threads(), blas
+
+
+def test_a_trainer_gives_back_gc_and_thread_counts_as_it_found_them(tmp_path: Path) -> None:
+    """Building a Trainer changes no process-wide setting. train() sets the heap it starts
+    with aside from the cyclic collector's scans and runs at ``torch_threads``, and gives
+    both back when it returns: when it pauses early, finishes, or fails."""
     gc.unfreeze()
+    before = _process_settings()
+    threads = before[1] + 1
     config = dataclasses.replace(
-        smoke_config("CartPole-v1", "sync", False), total_steps=2 * NUM_ENVS * NUM_STEPS
+        smoke_config("CartPole-v1", "sync", False),
+        total_steps=2 * NUM_ENVS * NUM_STEPS,
+        torch_threads=threads,
     )
-    trainer = Trainer(config, tmp_path)
-    assert gc.get_freeze_count() > 0
-    frozen_during: list[int] = []
+    trainer = Trainer(config, tmp_path / "run")
+    assert _process_settings() == before  # built, never trained
+    during: list[tuple[int, int]] = []
     collect = trainer.collector.collect
 
     def watched(*args, **kwargs):
-        frozen_during.append(gc.get_freeze_count())
+        during.append((gc.get_freeze_count(), torch.get_num_threads()))
         return collect(*args, **kwargs)
 
     trainer.collector.collect = watched  # type: ignore[method-assign]
-    gc.unfreeze()
     trainer.train(iterations=1)
-    assert gc.get_freeze_count() == 0
+    assert _process_settings() == before
     trainer.train()
-    assert gc.get_freeze_count() == 0
-    assert len(frozen_during) == 2 and all(count > 0 for count in frozen_during)
+    assert _process_settings() == before
+    assert len(during) == 2 and all(frozen > 0 and n == threads for frozen, n in during)
+
+    failing = Trainer(config, tmp_path / "failing")
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("the runner broke")
+
+    failing.collector.collect = fail  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="the runner broke"):
+        failing.train()
+    assert _process_settings() == before
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_an_updates_warning_names_its_iteration_and_no_warning_filter_is_touched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], quiet: bool
+) -> None:
+    """A warning from inside an update is shown as "[iteration N] warning: ..." on the bar,
+    or through ``warnings.warn`` where the run is quiet; the process-wide warning filters
+    stay as they are meanwhile (``Agent.local`` trains on a thread)."""
+    filters, before = warnings.filters, list(warnings.filters)
+    untouched: list[bool] = []
+    update = Trainer._update
+
+    def warning_update(self: Trainer, progress: float, rollouts: Any) -> dict[str, float]:
+        untouched.append(warnings.filters is filters and warnings.filters == before)
+        warn("the update saw something odd", RuntimeWarning)
+        return update(self, progress, rollouts)
+
+    monkeypatch.setattr(Trainer, "_update", warning_update)
+    config = dataclasses.replace(
+        smoke_config("CartPole-v1", "sync", False),
+        total_steps=2 * NUM_ENVS * NUM_STEPS,
+        eval_episodes=0,
+        quiet=quiet,
+    )
+    failures: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            Trainer(config, tmp_path).train()
+        except BaseException as exc:  # re-raised on the test's thread
+            failures.append(exc)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        filters, before = warnings.filters, list(warnings.filters)
+        thread = threading.Thread(target=train)
+        thread.start()
+        thread.join()
+    if failures:
+        raise failures[0]
+    assert untouched == [True, True]
+    expected = [f"[iteration {n}] warning: the update saw something odd" for n in (1, 2)]
+    if quiet:
+        assert [str(w.message) for w in caught] == expected
+    else:
+        printed = capsys.readouterr().out
+        assert all(line in printed for line in expected), printed
+        assert not caught

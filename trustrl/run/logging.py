@@ -209,8 +209,9 @@ class ProgressBar:
             )
 
     def print(self, *objects: Any) -> None:
+        """Plain text above the bar (no rich markup: "[iteration 3] ..." stays as it is)."""
         if self.enabled:
-            self.console.print(*objects, soft_wrap=True)
+            self.console.print(*objects, soft_wrap=True, markup=False)
 
 
 def _clock(seconds: float) -> str:

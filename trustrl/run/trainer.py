@@ -6,6 +6,7 @@ The trainer never branches on the algorithm: it calls the update registered for
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import math
@@ -15,7 +16,8 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,10 +30,11 @@ from threadpoolctl import threadpool_limits
 from trustrl.acting.collector import make_collector
 from trustrl.config import Config, config_from_dict, config_to_dict
 from trustrl.contract import CollectionStopped, EpisodeStats, PolicySnapshot, RolloutBatch, Runner
-from trustrl.envs.rows import NonFiniteError
+from trustrl.envs.rows import AgentGroup, NonFiniteError
 from trustrl.learner.policy import MultiAgentPolicy, Policy
 from trustrl.learner.rollout import Rollout
 from trustrl.learner.updates.registry import make_update
+from trustrl.learner.warn import WarningHandler, warnings_to
 from trustrl.run.checkpoint import (
     BackgroundWriter,
     CheckpointError,
@@ -67,16 +70,43 @@ def check_writable(folder: Path) -> None:
         ) from None
 
 
-def _set_aside_from_gc() -> None:
-    """Leave the objects alive now out of the cyclic garbage collector's scans, until
-    ``Trainer.train`` returns (``gc.unfreeze``).
+@contextlib.contextmanager
+def _set_aside_from_gc() -> Iterator[None]:
+    """Leave the objects alive now out of the cyclic garbage collector's scans for the
+    block (``gc.freeze``, then ``gc.unfreeze``).
 
     They are nearly all the imported modules' (torch alone brings about a million), and a
-    full scan of them took 67 ms here, the first one landing in the build or the first
-    iterations of every run. Objects still free themselves by reference counting; only
-    cycles among them wait for the unfreeze.
+    full scan of them would otherwise land in the first iterations of every run. Objects
+    still free themselves by reference counting; only cycles among them wait for the
+    unfreeze. Where the caller froze objects already, they are the caller's to unfreeze:
+    nothing is done.
     """
+    if gc.get_freeze_count():
+        yield
+        return
     gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+@contextlib.contextmanager
+def _threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads and numpy's BLAS threads (the collector's inference and
+    the numpy gradients) at ``count`` for the block, then back to what they were.
+
+    OpenBLAS otherwise starts a thread per core even for 128 x 64 matmuls, several times
+    slower; and the thread count in force when the weights are initialised is part of what
+    the seed decides.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        with threadpool_limits(count, user_api="blas"):
+            yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 RUN_FILES = ("config.toml", "config_history.json", "progress.csv", "eval.json")
@@ -89,6 +119,25 @@ LOSSES = ("loss_pi", "loss_v")
 
 class TrainingError(RuntimeError):
     """A run that cannot go on; the message says why and what was kept."""
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What ``Trainer.collect`` brought back and measured."""
+
+    rollouts: list[Rollout]  # one per agent group, statistics merged, ready to update on
+    episodes: EpisodeStats  # the episodes that ended during the rollout
+    env_steps: int  # env steps taken (steps x envs)
+    version_lag: int  # updates the learner made since the policy that acted
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    """Where a ``train`` call reports each iteration."""
+
+    progress_file: ProgressFile
+    tensorboard: TensorBoardWriter
+    bar: ProgressBar
 
 
 def whole_iterations(config: Config) -> tuple[Config, str | None]:
@@ -156,7 +205,6 @@ class Trainer:
         trust_env_state: bool = False,
         runner: Runner | None = None,
     ) -> None:
-        _set_aside_from_gc()
         config, note = whole_iterations(config)
         self.notes = [note] if note else []
         """What the run changed or chose that its user should hear (printed unless quiet)."""
@@ -164,54 +212,30 @@ class Trainer:
         self.run_dir = Path(run_dir or config.run_dir or default_run_dir(config))
         if not resume:
             check_new_run_folder(self.run_dir, overwrite)
-        torch.set_num_threads(config.torch_threads)
-        # numpy's BLAS too (the collector's inference and the numpy gradients): OpenBLAS
-        # otherwise starts a thread per core even for 128 x 64 matmuls, several times slower.
-        threadpool_limits(config.torch_threads, user_api="blas")
-        torch.manual_seed(config.seed)
-
-        # Where the envs run: this process, or Ray runners (the same collector in actors);
-        # or a runner given by the caller (external agents' chunks, external.py).
-        self.collector: Runner = (
-            runner
-            if runner is not None
-            else make_collector(config, config.seed, config.num_envs)
-            if config.runners == 0
-            else _ray_runners(config)
-        )
-        self.groups = self.collector.groups
-        ma = config.multiagent
-        self.policies = [
-            Policy(
-                group.spec,
-                config.policy,
-                config.env.normalize_obs,
-                config.env.obs_clip,
-                num_agents=group.num_agents,
-                per_agent=ma.actor == "per_agent" and group.num_agents > 1,
-                agent_id=ma.agent_id and group.num_agents > 1,
-                critic_dim=group.critic_dim,
-                value_norm=ma.value_norm,
+        # The seed and the thread count in force while the weights are initialised decide
+        # them; the caller's thread counts are back on return (``train`` sets them again).
+        with _threads(config.torch_threads):
+            torch.manual_seed(config.seed)
+            # Where the envs run: this process, or Ray runners (the same collector in
+            # actors); or a runner given by the caller (external agents' chunks).
+            self.collector: Runner = runner if runner is not None else _make_runner(config)
+            self.groups = self.collector.groups
+            self.policies = build_policies(config, self.groups)
+            # One group (every single-agent env) is the Policy itself; several groups act
+            # together as one MultiAgentPolicy, which is what checkpoints and users see.
+            self.policy: Policy | MultiAgentPolicy = (
+                self.policies[0]
+                if len(self.groups) == 1 and self.groups[0].agents == ("",)
+                else MultiAgentPolicy(self.groups, self.policies)
             )
-            for group in self.groups
-        ]
-        # One group (every single-agent env) is the Policy itself; several groups act
-        # together as one MultiAgentPolicy, which is what checkpoints and users see.
-        self.policy: Policy | MultiAgentPolicy = (
-            self.policies[0]
-            if len(self.groups) == 1 and self.groups[0].agents == ("",)
-            else MultiAgentPolicy(self.groups, self.policies)
-        )
-        self.updates = [make_update(config, policy) for policy in self.policies]
+            self.updates = [make_update(config, policy) for policy in self.policies]
         self.agent_names = [a for g in self.groups for a in g.agents if a]
         # After the envs: a bad env id or space leaves no empty run folder behind.
         if overwrite and not resume and self.run_dir.is_dir():
             remove_run_files(self.run_dir)
         check_writable(self.run_dir)
         self.iteration = 0
-        self.version_lag = 0  # of the last batch trained on
         self.env_steps = 0
-        self.batch_steps = 0  # env steps of the last batch collected
         self.wall_time = 0.0
         self.eval_result: EvalResult | None = None
         self.interrupted = False
@@ -299,6 +323,14 @@ class Trainer:
         self.iteration = meta["iteration"]
         self.env_steps = done
         self.wall_time = meta["wall_time"]
+        self._restore_envs(folder, meta, state, trust_env_state)
+
+    def _restore_envs(
+        self, folder: Path, meta: dict[str, Any], state: dict[str, Any], trust_env_state: bool
+    ) -> None:
+        """The runner's state from checkpoint ``folder``, its envs mid-episode where their
+        state was saved as arrays (or as a pickle, with ``trust_env_state``), otherwise
+        fresh episodes."""
         env_state = state.get("env")
         pickled = meta.get("env_state")
         if env_state is None and pickled and trust_env_state:
@@ -307,7 +339,7 @@ class Trainer:
                 f"--trust-env-state: unpickling {path}, which runs any code the file names; "
                 f"do this only for a run folder you made or trust",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
             env_state = read_env_state(folder, meta)
         elif env_state is None and pickled:
@@ -334,10 +366,51 @@ class Trainer:
 
     def train(self, iterations: int | None = None) -> Policy | MultiAgentPolicy:
         """Train to the end of the run, or pause after ``iterations`` more iterations with a
-        checkpoint (a later ``Trainer(config, run_dir, resume=True).train()`` continues)."""
+        checkpoint (a later ``Trainer(config, run_dir, resume=True).train()`` continues).
+
+        The run's thread counts (``torch_threads``, for torch and numpy's BLAS) and the
+        objects alive at the start set aside from the garbage collector hold until it
+        returns; however it returns, they are the caller's again."""
         cfg = self.config
-        _set_aside_from_gc()
+        with _threads(cfg.torch_threads):
+            with _set_aside_from_gc():
+                ended = self._train(iterations)
+            if ended and cfg.eval_episodes > 0:
+                if self.eval_result is None:
+                    self.eval_result = self.evaluate()
+                (self.run_dir / "eval.json").write_text(_json(self.eval_result.to_json()))
+        return self.policy
+
+    def _train(self, iterations: int | None) -> bool:
+        """``train``'s iterations, with the files, bar and interrupt handler they use, each
+        closed on return, as are the runner and the updates. True when the run ended
+        (finished or solved), False when it paused, stopped or was interrupted."""
+        cfg = self.config
         pause_at = math.inf if iterations is None else self.iteration + iterations
+        with contextlib.ExitStack() as stack:
+            for update in self.updates:
+                stack.callback(update.close)
+            stack.callback(self.collector.close)
+            resumed = self._write_run_files()
+            progress_file = ProgressFile(self.run_dir / "progress.csv", append=resumed)
+            stack.callback(progress_file.close)
+            # A resume hides the events written after its checkpoint (TensorBoard drops
+            # those from purge_step on), and keeps the checkpoint's own row.
+            purge_step = self.env_steps + 1 if resumed else None
+            tensorboard = TensorBoardWriter(self.run_dir / "tensorboard", purge_step=purge_step)
+            stack.callback(tensorboard.close)
+            bar = ProgressBar(cfg.total_steps, cfg.env_id, enabled=not cfg.quiet)
+            stack.callback(lambda: bar.close(self.env_steps, self.outcome))
+            stop = _StopOnInterrupt(self.collector.stop)
+            stack.callback(stop.restore)
+            # Closed first: the last checkpoint is on disk (or its error raised) while the
+            # runner it reports to is still open.
+            stack.callback(self.checkpoint_writer.close)
+            return self._iterate(pause_at, stop, _Outputs(progress_file, tensorboard, bar))
+
+    def _write_run_files(self) -> bool:
+        """The run folder's config.toml and config history, and on resume its progress file
+        cut back to the checkpoint; whether this continues a run."""
         resumed = self.iteration > 0
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.config_changes:
@@ -348,114 +421,129 @@ class Trainer:
                 self.config_changes,
             )
             self.config_changes = {}
-        write_atomic(self.run_dir / "config.toml", tomli_w.dumps(config_to_dict(cfg)))
+        write_atomic(self.run_dir / "config.toml", tomli_w.dumps(config_to_dict(self.config)))
         if resumed:
             truncate_progress(self.run_dir / "progress.csv", self.iteration)
-        progress_file = ProgressFile(self.run_dir / "progress.csv", append=resumed)
-        # A resume hides the events written after its checkpoint (TensorBoard drops those
-        # from purge_step on), and keeps the checkpoint's own row.
-        tensorboard = TensorBoardWriter(
-            self.run_dir / "tensorboard", purge_step=self.env_steps + 1 if resumed else None
-        )
-        bar = ProgressBar(cfg.total_steps, cfg.env_id, enabled=not cfg.quiet)
-        for note in self.notes:
-            bar.print(f"note: {note}")
-        self.notes = []
-        bar.update(self.env_steps, 0.0, None)
-        self.outcome = "stopped by an error"
-        start = time.perf_counter() - self.wall_time
-        session_start, session_steps = time.perf_counter(), 0
-        stop = _StopOnInterrupt(self.collector.stop)
-        stopped = False  # the runner gave up waiting (external agents: stop() was called)
-        try:
-            while self.env_steps < cfg.total_steps:
-                if stop.requested or stopped or self.iteration >= pause_at:
-                    # A Ctrl-C lands between iterations, so the checkpoint is a clean boundary.
-                    self.interrupted = stop.requested
-                    self.save(f"iter_{self.iteration:08d}")
-                    self.outcome = (
-                        "interrupted" if self.interrupted else "stopped" if stopped else "paused"
-                    )
-                    return self.policy
-                progress = self.env_steps / cfg.total_steps
-                iteration_start = time.perf_counter()
-                try:
-                    rollouts, episodes = self.collect()
-                except NonFiniteError as exc:
-                    raise TrainingError(f"{exc}; {self._last_checkpoint_note()}") from None
-                except CollectionStopped:  # nothing collected: checkpoint at the top
-                    stopped = True
-                    continue
-                update_start = time.perf_counter()
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    metrics = self._update(progress, rollouts)
-                update_seconds = time.perf_counter() - update_start
-                for warning in caught:
-                    text = f"[iteration {self.iteration + 1}] warning: {warning.message}"
-                    if cfg.quiet:  # the caller's warning filters decide
-                        warnings.warn(text, warning.category, stacklevel=2)
-                    else:
-                        bar.print(text)
-                failed = not any(math.isfinite(metrics.get(k, math.nan)) for k in LOSSES)
-                self.failed_updates = self.failed_updates + 1 if failed else 0
-                self.iteration += 1
-                self.env_steps += self.batch_steps
-                session_steps += self.batch_steps
-                recent = self.recent_returns = (self.recent_returns + episodes.returns)[-20:]
-                recent_mean = float(np.mean(recent)) if recent else None
-                evaluation = self._periodic_eval(recent_mean)
-                self.wall_time = time.perf_counter() - start
-                sps = session_steps / max(time.perf_counter() - session_start, 1e-9)
-                row = {
-                    "iteration": float(self.iteration),
-                    "env_steps": float(self.env_steps),
-                    **episode_metrics(episodes, self.agent_names),
-                    **metrics,
-                    "eval_return_mean": evaluation.mean_return if evaluation else math.nan,
-                    **self._runner_metrics(update_seconds, iteration_start),
-                    "sps": sps,
-                    "wall_time": self.wall_time,
-                }
-                progress_file.write(row)
-                tensorboard.write(row, self.env_steps)
-                bar.update(self.env_steps, sps, recent_mean)
-                if self.failed_updates >= FAILED_UPDATES_LIMIT:
-                    raise TrainingError(
-                        f"no update step succeeded in the last {self.failed_updates} "
-                        f"iterations (every minibatch step had a non-finite loss or gradient; "
-                        f"see nonfinite_skips in {self.run_dir / 'progress.csv'}): stopping at "
-                        f"iteration {self.iteration}; {self._last_checkpoint_note()}"
-                    )
-                if self.iteration % cfg.checkpoint_every == 0:
-                    self.save(f"iter_{self.iteration:08d}", background=True)
-                target = cfg.target_return
-                if evaluation and target is not None and evaluation.mean_return >= target:
-                    self.eval_result = evaluation
-                    self.outcome = (
-                        f"solved: evaluation mean {evaluation.mean_return:.1f} >= {target:g} "
-                        f"after {self.env_steps:,} env steps"
-                    )
-                    break
-            else:
-                self.outcome = "finished"
-            self.save("final")
-        finally:
-            gc.unfreeze()  # first: a failed last checkpoint below raises
-            self.checkpoint_writer.close()  # the last write is on disk (or its error raised)
-            stop.restore()
-            bar.close(self.env_steps, self.outcome)
-            progress_file.close()
-            tensorboard.close()
-            self.collector.close()
-            for update in self.updates:
-                update.close()
+        return resumed
 
-        if cfg.eval_episodes > 0:
-            if self.eval_result is None:
-                self.eval_result = self.evaluate()
-            (self.run_dir / "eval.json").write_text(_json(self.eval_result.to_json()))
-        return self.policy
+    def _iterate(self, pause_at: float, stop: _StopOnInterrupt, out: _Outputs) -> bool:
+        """Iterations, each logged, until the run ends (True, with the final checkpoint) or
+        pauses, stops or is interrupted between two (False, with a checkpoint)."""
+        cfg = self.config
+        for note in self.notes:
+            out.bar.print(f"note: {note}")
+        self.notes = []
+        out.bar.update(self.env_steps, 0.0, None)
+        self.outcome = "stopped by an error"
+        run_start = time.perf_counter() - self.wall_time
+        session_start, session_from = time.perf_counter(), self.env_steps
+        warn = self._warning_handler(out.bar)
+        while self.env_steps < cfg.total_steps:
+            if stop.requested or self.iteration >= pause_at:
+                self._pause(stop, stopped=False)
+                return False
+            try:
+                row, evaluation = self.run_iteration(warn)
+            except CollectionStopped:  # nothing collected: the runner stopped waiting
+                self._pause(stop, stopped=True)
+                return False
+            now = time.perf_counter()
+            self.wall_time = now - run_start
+            sps = (self.env_steps - session_from) / max(now - session_start, 1e-9)
+            row.update(sps=sps, wall_time=self.wall_time)
+            out.progress_file.write(row)
+            out.tensorboard.write(row, self.env_steps)
+            out.bar.update(self.env_steps, sps, self.recent_mean)
+            self._check_failed_updates()
+            if self.iteration % cfg.checkpoint_every == 0:
+                self.save(f"iter_{self.iteration:08d}", background=True)
+            if self._solved(evaluation):
+                break
+        else:
+            self.outcome = "finished"
+        self.save("final")
+        return True
+
+    def run_iteration(
+        self, warn: WarningHandler | None = None
+    ) -> tuple[dict[str, float], EvalResult | None]:
+        """One iteration: collect, update, evaluate where due. Returns the progress row
+        (every column but the clocks, ``sps`` and ``wall_time``) and the evaluation if one
+        ran. The update's warnings go to ``warn`` where given. Raises ``CollectionStopped``
+        (nothing changed) where the runner stopped before it had a batch."""
+        cfg = self.config
+        progress = self.env_steps / cfg.total_steps
+        iteration_start = time.perf_counter()
+        try:
+            collected = self.collect()
+        except NonFiniteError as exc:
+            raise TrainingError(f"{exc}; {self._last_checkpoint_note()}") from None
+        update_start = time.perf_counter()
+        with warnings_to(warn) if warn is not None else contextlib.nullcontext():
+            metrics = self._update(progress, collected.rollouts)
+        update_seconds = time.perf_counter() - update_start
+        failed = not any(math.isfinite(metrics.get(k, math.nan)) for k in LOSSES)
+        self.failed_updates = self.failed_updates + 1 if failed else 0
+        self.iteration += 1
+        self.env_steps += collected.env_steps
+        self.recent_returns = (self.recent_returns + collected.episodes.returns)[-20:]
+        evaluation = self._periodic_eval(self.recent_mean)
+        row = {
+            "iteration": float(self.iteration),
+            "env_steps": float(self.env_steps),
+            **episode_metrics(collected.episodes, self.agent_names),
+            **metrics,
+            "eval_return_mean": evaluation.mean_return if evaluation else math.nan,
+            **self._runner_metrics(collected.version_lag, update_seconds, iteration_start),
+        }
+        return row, evaluation
+
+    @property
+    def recent_mean(self) -> float | None:
+        """The mean return of the last 20 episodes (None before the first ended)."""
+        return float(np.mean(self.recent_returns)) if self.recent_returns else None
+
+    def _warning_handler(self, bar: ProgressBar) -> WarningHandler:
+        """An update's warnings, tagged with the iteration: on the bar, or where the run is
+        quiet through ``warnings.warn`` (the caller's warning filters decide)."""
+
+        def show(message: str, category: type[Warning]) -> None:
+            text = f"[iteration {self.iteration + 1}] warning: {message}"
+            if self.config.quiet:
+                warnings.warn(text, category, stacklevel=3)
+            else:
+                bar.print(text)
+
+        return show
+
+    def _pause(self, stop: _StopOnInterrupt, stopped: bool) -> None:
+        """Checkpoint between two iterations (a Ctrl-C lands there, so the checkpoint is a
+        clean boundary) and say why the run paused: interrupted, stopped (the runner gave
+        up waiting: external agents' ``stop``), or paused after the iterations asked for."""
+        self.interrupted = stop.requested
+        self.save(f"iter_{self.iteration:08d}")
+        self.outcome = "interrupted" if self.interrupted else "stopped" if stopped else "paused"
+
+    def _check_failed_updates(self) -> None:
+        if self.failed_updates >= FAILED_UPDATES_LIMIT:
+            raise TrainingError(
+                f"no update step succeeded in the last {self.failed_updates} "
+                f"iterations (every minibatch step had a non-finite loss or gradient; "
+                f"see nonfinite_skips in {self.run_dir / 'progress.csv'}): stopping at "
+                f"iteration {self.iteration}; {self._last_checkpoint_note()}"
+            )
+
+    def _solved(self, evaluation: EvalResult | None) -> bool:
+        """Whether ``evaluation`` reached the target return (then the run ends with it)."""
+        target = self.config.target_return
+        if evaluation is None or target is None or evaluation.mean_return < target:
+            return False
+        self.eval_result = evaluation
+        self.outcome = (
+            f"solved: evaluation mean {evaluation.mean_return:.1f} >= {target:g} "
+            f"after {self.env_steps:,} env steps"
+        )
+        return True
 
     def _last_checkpoint_note(self) -> str:
         self.checkpoint_writer.wait()  # the one in flight counts, once it is on disk
@@ -465,27 +553,28 @@ class Trainer:
             return f"the last good checkpoint is {checkpoints / latest.read_text().strip()}"
         return "no checkpoint was written"
 
-    def collect(self) -> tuple[list[Rollout], EpisodeStats]:
+    def collect(self) -> Collected:
         """One rollout through the runner contract: a snapshot out, a batch back, its
-        statistics merged; the rollouts to update on and the episodes that ended."""
+        statistics merged; what it brought (``Collected``)."""
         batch = self.collector.collect(self.snapshot())
         lag = self.config.max_version_lag if self.config.async_collection else 0
-        self.version_lag = self.iteration - batch.version
-        self.batch_steps = batch.env_steps
-        return absorb(self.policies, batch, self.iteration, lag), batch.episodes
+        rollouts = absorb(self.policies, batch, self.iteration, lag)
+        return Collected(rollouts, batch.episodes, batch.env_steps, self.iteration - batch.version)
 
-    def _runner_metrics(self, update_seconds: float, iteration_start: float) -> dict[str, float]:
+    def _runner_metrics(
+        self, version_lag: int, update_seconds: float, iteration_start: float
+    ) -> dict[str, float]:
         """For runs with Ray runners or external agents: the runner's own (restarts,
         dropped batches, idle fraction, and where it knows them its rows' version lags),
-        else the version lag of the batch just trained on, and the learner's busy fraction
+        else ``version_lag``, the batch's just trained on, and the learner's busy fraction
         (updating, not waiting)."""
         reported = self.collector.metrics()
         if not self.config.runners and not reported:
             return {}
         elapsed = max(time.perf_counter() - iteration_start, 1e-9)
         return {
-            "version_lag_mean": float(self.version_lag),
-            "version_lag_max": float(self.version_lag),
+            "version_lag_mean": float(version_lag),
+            "version_lag_max": float(version_lag),
             **reported,  # a runner that knows its rows' lags (external agents) says so
             "learner_busy": update_seconds / elapsed,
         }
@@ -559,10 +648,33 @@ class _StopOnInterrupt:
             signal.signal(signal.SIGINT, self.previous)
 
 
-def _ray_runners(config: Config) -> Runner:
+def _make_runner(config: Config) -> Runner:
+    """The run's own runner: a collector in this process, or Ray runners."""
+    if config.runners == 0:
+        return make_collector(config, config.seed, config.num_envs)
     from trustrl.remote.runners import RayRunners  # Ray only when asked for
 
     return RayRunners(config)
+
+
+def build_policies(config: Config, groups: list[AgentGroup]) -> list[Policy]:
+    """One policy per agent group, as ``config`` describes it (weights from torch's
+    global generator: seed it first)."""
+    ma = config.multiagent
+    return [
+        Policy(
+            group.spec,
+            config.policy,
+            config.env.normalize_obs,
+            config.env.obs_clip,
+            num_agents=group.num_agents,
+            per_agent=ma.actor == "per_agent" and group.num_agents > 1,
+            agent_id=ma.agent_id and group.num_agents > 1,
+            critic_dim=group.critic_dim,
+            value_norm=ma.value_norm,
+        )
+        for group in groups
+    ]
 
 
 def absorb(

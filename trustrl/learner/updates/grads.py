@@ -27,7 +27,6 @@ would overshoot, not after: the multi-agent seed kernel's mistake).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -49,6 +48,7 @@ from trustrl.learner.optim import Adam, shared_zeros
 from trustrl.learner.policy import Policy
 from trustrl.learner.rollout import Batch, NumpyBatch
 from trustrl.learner.updates.critic_worker import CriticShare, CriticWorker
+from trustrl.learner.warn import warn
 
 Terms = dict[str, float]
 Grads = dict[str, Tensor]
@@ -380,7 +380,7 @@ class NumpyGradients:
     def _lose_worker(self) -> None:
         self.close()
         self.worker_lost = True
-        warnings.warn(
+        warn(
             "the critic's worker process exited or stopped answering; the update goes on "
             "in this process",
             RuntimeWarning,

@@ -14,7 +14,6 @@ at ``pi_lr`` and a critic Adam at ``vf_lr``; the critic keeps fitting for its ow
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 import torch
@@ -33,6 +32,7 @@ from trustrl.learner.updates.grads import (
     critic_process_possible,
     make_gradients,
 )
+from trustrl.learner.warn import warn
 
 
 class PPOUpdate:
@@ -135,7 +135,7 @@ class PPOUpdate:
 
         if skipped:
             detail = ", ".join(f"{term} ({count}x)" for term, count in skipped.items())
-            warnings.warn(
+            warn(
                 f"non-finite loss term: {detail}; those minibatch steps were skipped and "
                 "training goes on from the last good weights",
                 RuntimeWarning,
