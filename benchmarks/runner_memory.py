@@ -34,7 +34,7 @@ def sample():
 
 t = threading.Thread(target=sample, daemon=True)
 t.start()
-config = resolve("CartPole-v1", overrides={"runners": 2, "total_steps": 40960})
+config = resolve("CartPole-v1", overrides={"runners": {"count": 2}, "total_steps": 40960})
 Trainer(config, sys.argv[1], overwrite=True).train()
 stop = True
 t.join()

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SLEEP_ENV = "benchmarks.sleep_env:make"
 
 SLEEP = {
-    "envs_per_runner": 4,
+    "runners": {"envs_per_runner": 4},
     "env": {"num_envs": 4, "backend": "sync"},
     "rollout": {"num_steps": 64},
     "ppo": {"update_epochs": 4, "num_minibatches": 4, "learning_rate": 3e-4},
@@ -110,11 +110,12 @@ def jobs(cases: list[str], runner_counts: list[int]) -> list[dict[str, Any]]:
         for k in [k for k in runner_counts if k >= 4]:
             # The default: an update joins one rollout per runner (the synchronous batch
             # size) while the runners collect the next; lag bound 1.
-            tail = {**SLEEP, "async_collection": True}
+            tail = {**SLEEP, "runners": {**SLEEP["runners"], "async_collection": True}}
             out.append(_job("sleep", f"async x{k}", SLEEP_ENV, 10 * 4 * 64 * k, k, tail))
             # One runner's rollout per update, lag bound k (every batch that was in flight
             # while the learner updated on the others): k times the updates.
-            tail = {**tail, "async_batches": 1, "max_version_lag": k}
+            runners = {**tail["runners"], "async_batches": 1, "max_version_lag": k}
+            tail = {**tail, "runners": runners}
             out.append(_job("sleep", f"async-each x{k}", SLEEP_ENV, 10 * 4 * 64 * k, k, tail))
     if "cartpole" in cases:
         table = {"env": {"num_envs": 8}, "rollout": {"num_steps": 32}, "target_return": None}
@@ -125,11 +126,11 @@ def jobs(cases: list[str], runner_counts: list[int]) -> list[dict[str, Any]]:
         for k in (0, 2):
             out.append(_job("hopper", f"runners {k}", "Hopper-v5", 20_480, k, table))
         # Collection overlapping the update: the same batch, of a version at most 1 behind.
-        asynchronous = {**table, "async_collection": True}
+        asynchronous = {**table, "runners": {"async_collection": True}}
         out.append(_job("hopper", "runners 2, async", "Hopper-v5", 20_480, 2, asynchronous))
     if "learn" in cases:
         for mode in ("sync", "async"):
-            table = {"async_collection": mode == "async", "eval_every": 1}
+            table = {"runners": {"async_collection": mode == "async"}, "eval_every": 1}
             out.append(_job("learn", f"{mode} x2", "CartPole-v1", 100_000, 2, table))
     return out
 
@@ -137,7 +138,8 @@ def jobs(cases: list[str], runner_counts: list[int]) -> list[dict[str, Any]]:
 def _job(
     case: str, label: str, env_id: str, steps: int, runners: int, table: dict[str, Any]
 ) -> dict[str, Any]:
-    overrides = {**table, "runners": runners, "total_steps": steps, "eval_episodes": 10}
+    section = {**table.get("runners", {}), "count": runners}
+    overrides = {**table, "runners": section, "total_steps": steps, "eval_episodes": 10}
     if case != "learn":
         overrides["eval_episodes"] = 0
     return {"case": case, "label": label, "env_id": env_id, "overrides": overrides}

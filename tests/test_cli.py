@@ -159,6 +159,23 @@ def test_flag_bad_value(capsys) -> None:
     assert len(err.strip().splitlines()) <= 8, err
 
 
+def test_runner_flags_from_before_the_section_still_parse() -> None:
+    from trustrl.config import RunnersConfig
+
+    old = ["--runners", "2", "--envs-per-runner", "3", "--async-collection"]
+    old += ["--ray-address", "HOST:6379", "--runner-timeout=30", "--runner-failures", "5"]
+    old += ["--max-version-lag", "2", "--async-batches", "1"]
+    new = ["--runners.count", "2", "--runners.envs-per-runner", "3"]
+    new += ["--runners.async-collection", "--runners.ray-address", "HOST:6379"]
+    new += ["--runners.timeout", "30", "--runners.failures", "5"]
+    new += ["--runners.max-version-lag", "2", "--runners.async-batches", "1"]
+    expected = RunnersConfig(2, 3, "HOST:6379", 30.0, 5, True, 2, 1)
+    for flags in (old, new):
+        assert cli.parse_train(["CartPole-v1", *flags])[1].runners == expected
+    off = cli.parse_train(["CartPole-v1", "--runners", "2", "--no-async-collection"])[1]
+    assert off.runners == RunnersConfig(count=2)
+
+
 def test_console_script_bad_value(tmp_path: Path) -> None:
     """What a user sees from the installed ``trustrl`` command."""
     script = Path(sys.executable).with_name("trustrl")

@@ -22,6 +22,7 @@ from trustrl.config import (
     PolicyConfig,
     PPOConfig,
     RolloutConfig,
+    RunnersConfig,
     TRPOConfig,
     config_from_dict,
     config_to_dict,
@@ -43,13 +44,18 @@ SEPARATE = {"ppo": {"pi_lr": 1e-3, "vf_lr": 1e-3}}
 # (field path, bad value, fragments the message must contain, other keys the case needs)
 BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("env.num_envs", 0, ("env.num_envs", "got 0"), {}),
-    ("env.num_envs", 6, ("env.num_envs (6)", "multiple of runners (4)"), {"runners": 4}),
-    ("runners", -1, ("runners", "got -1"), {}),
-    ("envs_per_runner", 0, ("envs_per_runner", "got 0"), {"runners": 2}),
-    ("runner_timeout", 0.0, ("runner_timeout", "0.0"), {}),
-    ("runner_failures", 0, ("runner_failures", "got 0"), {}),
-    ("max_version_lag", -1, ("max_version_lag", "got -1"), {}),
-    ("async_batches", 0, ("async_batches", "got 0"), {}),
+    (
+        "env.num_envs",
+        6,
+        ("env.num_envs (6)", "multiple of runners.count (4)", "runners.envs_per_runner"),
+        {"runners": {"count": 4}},
+    ),
+    ("runners.count", -1, ("runners.count must be an integer >= 0, got -1",), {}),
+    ("runners.envs_per_runner", 0, ("runners.envs_per_runner", "got 0"), {"runners": {"count": 2}}),
+    ("runners.timeout", 0.0, ("runners.timeout must be > 0, got 0.0",), {}),
+    ("runners.failures", 0, ("runners.failures must be an integer >= 1, got 0",), {}),
+    ("runners.max_version_lag", -1, ("runners.max_version_lag", "got -1"), {}),
+    ("runners.async_batches", 0, ("runners.async_batches", "got 0"), {}),
     ("agent.observation_shape", [0], ("agent.observation_shape must be positive", "[0]"), {}),
     ("agent.action_kind", "continuous", ("agent.action_kind", "continuous"), {}),
     ("agent.action_choices", [2, 3], ("discrete actions is one number", "[2, 3]"), {}),
@@ -57,7 +63,7 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("agent.action_high", [1.0, 2.0, float("inf")], ("must be finite", "inf"), {}),
     ("agent.max_chunk_length", 0, ("agent.max_chunk_length", "got 0"), {}),
     ("agent.queue_size", 0, ("agent.queue_size", "got 0"), {}),
-    ("async_collection", True, ("async_collection needs runners > 0",), {}),
+    ("runners.async_collection", True, ("runners.async_collection needs runners.count > 0",), {}),
     ("env.num_envs", 2.5, ("env.num_envs", "2.5"), {}),
     ("env.backend", "threads", ("env.backend", '"threads"', "sync"), {}),
     ("env.obs_stats", "iteration", ("env.obs_stats", '"iteration"', "rollout", "step"), {}),
@@ -124,10 +130,6 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("checkpoint_every", 0, ("checkpoint_every", "got 0"), {}),
     ("checkpoint_keep", 0, ("checkpoint_keep", "got 0"), {}),
     ("eval_every", -1, ("eval_every", "-1"), {}),
-    ("runners", -1, ("runners", "-1"), {}),
-    ("envs_per_runner", 0, ("envs_per_runner", "got 0"), {}),
-    ("runner_timeout", 0.0, ("runner_timeout", "0.0"), {}),
-    ("runner_failures", 0, ("runner_failures", "got 0"), {}),
     ("target_return", math.inf, ("target_return", "inf"), {}),
     ("target_return", float("nan"), ("target_return", "nan"), {}),
     ("multiagent.actor", "each", ("multiagent.actor", "shared, per_agent", '"each"'), {}),
@@ -154,7 +156,7 @@ UNVALIDATED = {
     "multiagent.value_norm",
     "run_dir",
     "quiet",
-    "ray_address",
+    "runners.ray_address",
 }
 
 
@@ -286,8 +288,16 @@ def test_bool_is_not_a_number(path: str) -> None:
         config_from_dict(nested(path, True))
 
 
-@pytest.mark.parametrize("section", sorted(cfg.SECTIONS))
-@pytest.mark.parametrize("value", [3, "fast", [1, 2]])
+@pytest.mark.parametrize(
+    ("section", "value"),
+    [
+        (section, value)
+        for section in sorted(cfg.SECTIONS)
+        for value in (3, "fast", [1, 2])
+        # An integer at runners is the count of a config from before the [runners] section.
+        if (section, value) != ("runners", 3)
+    ],
+)
 def test_section_of_wrong_type_is_refused(section: str, value: Any) -> None:
     message = re.escape(f"[{section}] must be a table, got {value!r}")
     with pytest.raises(ConfigError, match=message):
@@ -316,6 +326,63 @@ def test_bad_choice_is_one_line_naming_field_value_and_choices(path: str) -> Non
     with pytest.raises(ConfigError) as info:
         config_from_dict(nested(path, "nonsense"))
     assert str(info.value) == f'{path} must be one of {choices}, got the string "nonsense"'
+
+
+# The [runners] section, and its keys at the top level of configs written before it.
+OLD_RUNNER_KEYS = {
+    "runners": 2,
+    "envs_per_runner": 3,
+    "ray_address": "10.0.0.1:6379",
+    "runner_timeout": 30.0,
+    "runner_failures": 5,
+    "async_collection": True,
+    "max_version_lag": 2,
+    "async_batches": 1,
+}
+RUNNERS = RunnersConfig(
+    count=2,
+    envs_per_runner=3,
+    ray_address="10.0.0.1:6379",
+    timeout=30.0,
+    failures=5,
+    async_collection=True,
+    max_version_lag=2,
+    async_batches=1,
+)
+
+
+def test_old_top_level_runner_keys_load_into_the_section() -> None:
+    config = config_from_dict({"env_id": "Pendulum-v1", **OLD_RUNNER_KEYS})
+    assert config.runners == RUNNERS
+    table = config_to_dict(config)  # written back in the section only
+    assert table["runners"] == dataclasses.asdict(RUNNERS)
+    assert not set(table) & (set(OLD_RUNNER_KEYS) - {"runners"})
+    assert config_from_dict(table) == config
+
+
+def test_run_folder_from_before_the_section_resumes_with_its_runner_keys() -> None:
+    from trustrl import cli
+
+    run_dir = Path(__file__).parent / "reference" / "fixtures" / "ppo_cartpole"
+    assert {"runners", "runner_timeout", "async_collection"} <= set(
+        cfg.read_toml(run_dir / "config.toml")
+    )
+    _, config = cli._resumed(str(run_dir), ["--total-steps", "20000"])
+    assert config.runners == RunnersConfig() and config.total_steps == 20_000
+
+
+def test_config_file_with_old_runner_keys_over_a_preset(tmp_path: Path) -> None:
+    path = tmp_path / "old.toml"
+    path.write_text("runners = 2\nasync_collection = true\n")
+    overrides = {"runners": {"max_version_lag": 3}}
+    runners = resolve("CartPole-v1", config_file=path, overrides=overrides).runners
+    assert runners == RunnersConfig(count=2, async_collection=True, max_version_lag=3)
+
+
+def test_old_and_new_runner_key_together_are_refused() -> None:
+    message = "runner_timeout and runners.timeout are both set; keep runners.timeout"
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        config_from_dict({"runner_timeout": 1.0, "runners": {"timeout": 2.0}})
 
 
 def test_minibatches_are_checked_by_the_algorithm_section_in_use() -> None:
@@ -471,6 +538,13 @@ def test_derived_sizes() -> None:
     assert config.batch_size == 128
     assert config.num_iterations == 8  # rounded up: never fewer steps than asked
     assert config_from_dict({"total_steps": 10}).num_iterations == 1
+    spread = {"env": {"num_envs": 4}, "rollout": {"num_steps": 32}}
+    runners = config_from_dict({**spread, "runners": {"count": 2, "envs_per_runner": 3}})
+    assert (runners.num_envs, runners.runner_envs, runners.batch_size) == (6, 3, 192)
+    each = config_from_dict(
+        {**spread, "runners": {"count": 2, "async_collection": True, "async_batches": 1}}
+    )
+    assert each.runners.rollouts_per_update == 1 and each.batch_size == 64
     assert PPOConfig(pi_lr=1e-3, vf_lr=1e-3).separate_optimizers
     assert not PPOConfig().separate_optimizers
 

@@ -44,7 +44,7 @@ def test_runners_without_ray_is_one_error_line_with_the_install_command(
     from trustrl.cli import main
 
     monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` finds when absent
-    code = main(["train", "CartPole-v1", "--runners", "2", "--run-dir", str(tmp_path / "r")])
+    code = main(["train", "CartPole-v1", "--runners.count", "2", "--run-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("trustrl: error:") and INSTALL_HINT in err

@@ -44,16 +44,16 @@ def time_limit() -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def config(iterations: int, **overrides: Any) -> trustrl.Config:
+def config(iterations: int, **runners: Any) -> trustrl.Config:
+    """Two runners over 4 envs; ``runners`` sets the [runners] section's other fields."""
     table = {
         "quiet": True,
-        "runners": 2,
+        "runners": {"count": 2, **runners},
         "total_steps": iterations * 4 * STEPS,
         "eval_episodes": 0,
         "checkpoint_every": 2,
         "env": {"num_envs": 4, "normalize_obs": True, "normalize_reward": True},
         "rollout": {"num_steps": STEPS},
-        **overrides,
     }
     return trustrl.resolve("CartPole-v1", overrides=table)
 
@@ -121,7 +121,7 @@ def test_sigkilled_runner_is_replaced_and_the_lost_batch_never_reaches_the_learn
 def test_runners_that_keep_failing_stop_the_run(tmp_path: Path) -> None:
     from trustrl.remote.runners import RunnerFailedError
 
-    trainer = Trainer(config(4, runner_failures=1), tmp_path)
+    trainer = Trainer(config(4, failures=1), tmp_path)
     runners: Any = trainer.collector
     collect = runners.collect
 
@@ -147,9 +147,9 @@ def test_resume_with_runners_continues_the_run(tmp_path: Path) -> None:
 def test_asynchronous_collection_trains_on_fresh_batches_and_drops_stale_ones(
     tmp_path: Path,
 ) -> None:
-    """With async_batches = 1 each update takes one runner's batch as it arrives; with
-    max_version_lag = 0 a batch of an older policy is dropped (the other runner's first
-    batch at least), and every trained row came from the current policy."""
+    """With runners.async_batches = 1 each update takes one runner's batch as it arrives;
+    with runners.max_version_lag = 0 a batch of an older policy is dropped (the other
+    runner's first batch at least), and every trained row came from the current policy."""
     cfg = config(3, async_collection=True, max_version_lag=0, async_batches=1)
     assert cfg.batch_size == 2 * STEPS  # one runner's envs
     policy = Trainer(cfg, tmp_path / "lag0").train()
@@ -173,7 +173,7 @@ def test_asynchronous_collection_trains_on_fresh_batches_and_drops_stale_ones(
     # The default: a batch per runner, so an update trains on as many rows as a synchronous
     # one, of versions at most one behind.
     cfg = config(4, async_collection=True)
-    assert cfg.rollouts_per_update == 2 and cfg.batch_size == 4 * STEPS
+    assert cfg.runners.rollouts_per_update == 2 and cfg.batch_size == 4 * STEPS
     policy = Trainer(cfg, tmp_path / "joined").train()
     rows = progress(tmp_path / "joined")
     assert [float(r["env_steps"]) for r in rows] == [128.0 * i for i in range(1, 5)]
@@ -186,7 +186,7 @@ def test_runners_are_spread_over_the_nodes_of_a_two_node_cluster(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``ray.cluster_utils.Cluster`` with a head and a second node on this machine: a run
-    joining it (``ray_address``) places its two runners on both nodes and trains."""
+    joining it (``runners.ray_address``) places its two runners on both nodes and trains."""
     import shutil
     import subprocess
     import sys
@@ -234,7 +234,7 @@ def test_trpo_and_multiagent_ppo_go_through_the_same_runners(
     envs = table["env"]["num_envs"]
     overrides = {
         "quiet": True,
-        "runners": 2,
+        "runners": {"count": 2},
         "eval_episodes": 0,
         "total_steps": 2 * envs * 16,
         "rollout": {"num_steps": 16},

@@ -82,7 +82,7 @@ def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
 def serve(run_dir: Path, name: str, address: str, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "trustrl.cli", "serve", *extra,
-        "--name", name, "--ray-address", address, "--quiet",
+        "--name", name, "--runners.ray-address", address, "--quiet",
         *(["--run-dir", str(run_dir)] if "--resume" not in extra else []),
     ]  # fmt: skip
 

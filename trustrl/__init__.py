@@ -22,6 +22,7 @@ from trustrl.config import (
     PolicyConfig,
     PPOConfig,
     RolloutConfig,
+    RunnersConfig,
     TRPOConfig,
     resolve,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "PPOConfig",
     "PolicyConfig",
     "RolloutConfig",
+    "RunnersConfig",
     "TRPOConfig",
     "resolve",
     *_LAZY,

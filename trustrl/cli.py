@@ -76,11 +76,38 @@ def _split_train_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return known, rest
 
 
+# The runner flags from before the [runners] section, still accepted: scripts that use them
+# keep working.
+_RUNNER_FLAGS = {
+    "--runners": "--runners.count",
+    "--envs-per-runner": "--runners.envs-per-runner",
+    "--ray-address": "--runners.ray-address",
+    "--runner-timeout": "--runners.timeout",
+    "--runner-failures": "--runners.failures",
+    "--async-collection": "--runners.async-collection",
+    "--no-async-collection": "--runners.no-async-collection",
+    "--max-version-lag": "--runners.max-version-lag",
+    "--async-batches": "--runners.async-batches",
+}
+
+
+def _runner_flags(args: list[str]) -> list[str]:
+    """``args`` with the older runner flags (``--runners 2``) as the section's
+    (``--runners.count 2``)."""
+    out = []
+    for arg in args:
+        flag, equals, value = arg.partition("=")
+        new = _RUNNER_FLAGS.get(flag.replace("_", "-")) if flag.startswith("--") else None
+        out.append(new + equals + value if new else arg)
+    return out
+
+
 def _tyro_config(
     base: Config, args: list[str], description: str = TRAIN_USAGE, prog: str = "trustrl train"
 ) -> Config:
     import tyro
 
+    args = _runner_flags(args)
     # tyro warns about defaults it finds odd; every value here was checked by Config.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -155,17 +182,19 @@ def cmd_train(argv: list[str]) -> int:
 
 SERVE_USAGE = """\
 trustrl serve [ENV_ID] [--name NAME] [--algo ppo] [--preset NAME] [--config FILE]
-              [--ray-address ADDR] [--run-dir DIR [--overwrite]] [--quiet]
+              [--runners.ray-address ADDR] [--run-dir DIR [--overwrite]] [--quiet]
               [--<section>.<field> VALUE ...]
 
-trustrl serve --resume RUN_DIR [--name NAME] [--ray-address ADDR] [--total-steps N]
+trustrl serve --resume RUN_DIR [--name NAME] [--runners.ray-address ADDR]
+              [--total-steps N]
 
 Run a learner for external agents (trustrl.Agent.connect(NAME, address)): applications
 that run their own loop and ship trajectories. It trains as `trustrl train` does (the
 same presets, config and run folder, resumable) on the chunks the agents send. The
 spaces come from ENV_ID, or, for an application with no Gymnasium env, from the config's
 [agent] table (observation_shape, action_kind, action_choices, action_low/high). Without
---ray-address a private Ray instance on loopback is started for the run. All flags:
+--runners.ray-address a private Ray instance on loopback is started for the run. All
+flags:
 """
 
 
@@ -203,7 +232,7 @@ def cmd_serve(argv: list[str]) -> int:
         run_dir,
         resume=known.resume is not None,
         overwrite=known.overwrite,
-        ray_address=config.ray_address,
+        ray_address=config.runners.ray_address,
         announce=lambda line: print(line, flush=True),
     )
     return _ended(trainer, f"trustrl serve --resume {trainer.run_dir} --name {named.name}")

@@ -428,6 +428,49 @@ class AgentConfig:
 
 
 @dataclass(frozen=True)
+class RunnersConfig:
+    """Rollout runners on Ray: where the envs run, and how a lost runner or a late batch is handled."""
+
+    count: int = 0
+    """Rollout runners as Ray actors (0: every env in this process, no Ray). Needs pip install 'trustrl[ray]'."""
+    envs_per_runner: int | None = None
+    """Environments on each runner (unset: env.num_envs split evenly over the runners)."""
+    ray_address: str | None = None
+    """Ray cluster to join (unset: start a local, loopback-only instance for the run)."""
+    timeout: float = 120.0
+    """Seconds a runner may take for one rollout before it is replaced."""
+    failures: int = 3
+    """Stop the run after this many runner failures in a row."""
+    async_collection: bool = False
+    """Runners keep collecting with the newest snapshot they have while the learner updates on each runner's batch as it arrives (needs count > 0; not reproducible run to run)."""
+    max_version_lag: int = 1
+    """Asynchronous collection and external agents: a batch collected by a policy more than this many updates old is dropped, not trained on."""
+    async_batches: int | None = None
+    """Asynchronous collection: runner rollouts per update, the first that arrive from any runners (unset: one per runner, so an update trains on as many rows as a synchronous one while the runners already collect the next)."""
+
+    @property
+    def rollouts_per_update(self) -> int:
+        """Asynchronous collection: runner rollouts joined for one update."""
+        return self.async_batches or self.count
+
+    def __post_init__(self) -> None:
+        _check_types(self, "runners.")
+        _check_int("runners.count", self.count, 0)
+        if self.envs_per_runner is not None:
+            _check_int("runners.envs_per_runner", self.envs_per_runner, 1)
+        _check_positive("runners.timeout", self.timeout)
+        _check_int("runners.failures", self.failures, 1)
+        _check_int("runners.max_version_lag", self.max_version_lag, 0)
+        if self.async_batches is not None:
+            _check_int("runners.async_batches", self.async_batches, 1)
+        _require(
+            not self.async_collection or self.count > 0,
+            "runners.async_collection needs runners.count > 0 (the embedded default collects "
+            "in step with the learner)",
+        )
+
+
+@dataclass(frozen=True)
 class Config:
     """One training run."""
 
@@ -455,23 +498,8 @@ class Config:
     """Also evaluate deterministically every this many iterations (0: only at the end)."""
     target_return: float | None = None
     """Stop early once a deterministic evaluation (of eval_episodes episodes; none when it is 0) reaches this mean return. Evaluations for it run when the mean of the last 20 training episodes reaches it too."""
-    runners: int = 0
-    """Rollout runners as Ray actors (0: every env in this process, no Ray). Needs pip install 'trustrl[ray]'."""
-    envs_per_runner: int | None = None
-    """Environments on each runner (unset: env.num_envs split evenly over the runners)."""
-    ray_address: str | None = None
-    """Ray cluster to join (unset: start a local, loopback-only instance for the run)."""
-    runner_timeout: float = 120.0
-    """Seconds a runner may take for one rollout before it is replaced."""
-    runner_failures: int = 3
-    """Stop the run after this many runner failures in a row."""
-    async_collection: bool = False
-    """Runners keep collecting with the newest snapshot they have while the learner updates on each runner's batch as it arrives (needs runners > 0; not reproducible run to run)."""
-    max_version_lag: int = 1
-    """Asynchronous collection: a batch collected by a policy more than this many updates old is dropped, not trained on."""
-    async_batches: int | None = None
-    """Asynchronous collection: runner rollouts per update, the first that arrive from any runners (unset: one per runner, so an update trains on as many rows as a synchronous one while the runners already collect the next)."""
     env: EnvConfig = field(default_factory=EnvConfig)
+    runners: RunnersConfig = field(default_factory=RunnersConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
@@ -482,27 +510,23 @@ class Config:
     @property
     def num_envs(self) -> int:
         """Environments over all runners: each contributes a row (per agent) to a rollout."""
-        if self.runners and self.envs_per_runner:
-            return self.runners * self.envs_per_runner
+        runners = self.runners
+        if runners.count and runners.envs_per_runner:
+            return runners.count * runners.envs_per_runner
         return self.env.num_envs
 
     @property
     def runner_envs(self) -> int:
         """Environments on each runner."""
-        return self.num_envs // max(self.runners, 1)
+        return self.num_envs // max(self.runners.count, 1)
 
     @property
     def batch_size(self) -> int:
         """Rows of one update: every env's rollout, or with asynchronous collection
-        ``rollouts_per_update`` runners' rollouts."""
-        if self.async_collection:
-            return self.runner_envs * self.rollouts_per_update * self.rollout.num_steps
+        ``runners.rollouts_per_update`` runners' rollouts."""
+        if self.runners.async_collection:
+            return self.runner_envs * self.runners.rollouts_per_update * self.rollout.num_steps
         return self.num_envs * self.rollout.num_steps
-
-    @property
-    def rollouts_per_update(self) -> int:
-        """Asynchronous collection: runner rollouts joined for one update."""
-        return self.async_batches or self.runners
 
     @property
     def num_iterations(self) -> int:
@@ -523,25 +547,13 @@ class Config:
         _check_int("checkpoint_every", self.checkpoint_every, 1)
         _check_int("checkpoint_keep", self.checkpoint_keep, 1)
         _check_int("eval_every", self.eval_every, 0)
-        _check_int("runners", self.runners, 0)
-        if self.envs_per_runner is not None:
-            _check_int("envs_per_runner", self.envs_per_runner, 1)
-        if self.runners and not self.envs_per_runner:
+        count = self.runners.count
+        if count and not self.runners.envs_per_runner:
             _require(
-                self.env.num_envs % self.runners == 0,
-                f"env.num_envs ({self.env.num_envs}) must be a multiple of runners "
-                f"({self.runners}), or set envs_per_runner",
+                self.env.num_envs % count == 0,
+                f"env.num_envs ({self.env.num_envs}) must be a multiple of runners.count "
+                f"({count}), or set runners.envs_per_runner",
             )
-        _check_positive("runner_timeout", self.runner_timeout)
-        _check_int("runner_failures", self.runner_failures, 1)
-        _check_int("max_version_lag", self.max_version_lag, 0)
-        if self.async_batches is not None:
-            _check_int("async_batches", self.async_batches, 1)
-        _require(
-            not self.async_collection or self.runners > 0,
-            "async_collection needs runners > 0 (the embedded default collects in step with "
-            "the learner)",
-        )
         if self.target_return is not None:
             _require(
                 _is_number(self.target_return),
@@ -554,6 +566,7 @@ class Config:
 
 SECTIONS: dict[str, type] = {
     "env": EnvConfig,
+    "runners": RunnersConfig,
     "rollout": RolloutConfig,
     "policy": PolicyConfig,
     "ppo": PPOConfig,
@@ -614,9 +627,45 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# The runner keys that configs written before the [runners] section hold at the top level,
+# and their names in the section: those run folders and checkpoints still load and resume.
+_TOP_LEVEL_RUNNER_KEYS = {
+    "runners": "count",
+    "envs_per_runner": "envs_per_runner",
+    "ray_address": "ray_address",
+    "runner_timeout": "timeout",
+    "runner_failures": "failures",
+    "async_collection": "async_collection",
+    "max_version_lag": "max_version_lag",
+    "async_batches": "async_batches",
+}
+
+
+def _runner_keys_in_section(table: dict[str, Any]) -> dict[str, Any]:
+    """``table`` with top-level runner keys (``runners = 2``, ``runner_timeout = 60``)
+    moved into its ``runners`` table; a top-level ``runners`` that is an integer is the
+    count."""
+    current = table.get("runners", {})
+    old_count = isinstance(current, int) and not isinstance(current, bool)
+    moved = [
+        key for key in table if key in _TOP_LEVEL_RUNNER_KEYS and (key != "runners" or old_count)
+    ]
+    if not moved:
+        return table
+    if not old_count and not isinstance(current, dict):
+        raise ConfigError(f"[runners] must be a table, got {current!r}")
+    section = {} if old_count else dict(current)
+    for key in moved:
+        name = _TOP_LEVEL_RUNNER_KEYS[key]
+        _require(name not in section, f"{key} and runners.{name} are both set; keep runners.{name}")
+        section[name] = table[key]
+    return {**{k: v for k, v in table.items() if k not in moved}, "runners": section}
+
+
 def config_from_dict(table: dict[str, Any]) -> Config:
-    """Build a validated Config; unknown keys are errors."""
-    return _build(Config, table, "")
+    """Build a validated Config; unknown keys are errors. Runner keys at the top level
+    (configs written before the ``[runners]`` section) are read into the section."""
+    return _build(Config, _runner_keys_in_section(table), "")
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:
@@ -733,10 +782,8 @@ def resolve(
         )
         choices = f"choose from {', '.join(named)}" if named else "it has none"
         raise ConfigError(f"no preset {preset!r} for {algo} on {env_id}; {choices}")
-    if settings is not None:
-        table = merge(table, settings)
-    if config_file is not None:
-        table = merge(table, read_toml(config_file))
-    if overrides:
-        table = merge(table, overrides)
+    layers = [settings, read_toml(config_file) if config_file is not None else None, overrides]
+    for layer in layers:
+        if layer:
+            table = merge(table, _runner_keys_in_section(layer))
     return config_from_dict(table)

@@ -495,8 +495,8 @@ class Collector(Runner):
 def make_collector(config: Config, seed: int, num_envs: int, name: str = "local") -> Collector:
     """The collector of a run, over ``num_envs`` of its environments: the trainer's own
     (all of them) or one Ray runner's share."""
-    local = replace(config, runners=0, envs_per_runner=None, async_collection=False)
-    local = replace(local, env=replace(config.env, num_envs=num_envs))
+    runners = replace(config.runners, count=0, envs_per_runner=None, async_collection=False)
+    local = replace(config, runners=runners, env=replace(config.env, num_envs=num_envs))
     return Collector(
         make_row_env(local),
         seed,

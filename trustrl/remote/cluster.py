@@ -211,7 +211,7 @@ class RayCluster:
         ray = import_ray(loopback=True)
         if ray.is_initialized():
             raise RuntimeError(
-                "Ray is already initialized in this process; pass ray_address='auto' to "
+                "Ray is already initialized in this process; set runners.ray_address = 'auto' to "
                 "run on that instance, or call ray.shutdown() first"
             )
         # Before starting anything: where this process's Ray was imported without the
@@ -223,7 +223,7 @@ class RayCluster:
                 f"Ray was imported in multi-machine mode (node IP {planned_ip}), in which a "
                 "local instance listens on all interfaces; import trustrl's Ray support "
                 f"first, or set {_SINGLE_MACHINE_SWITCH}=0 before importing ray, or start "
-                "Ray yourself (docs/distributed.md) and pass ray_address"
+                "Ray yourself (docs/distributed.md) and set runners.ray_address"
             )
         context = ray.init(
             address="local",

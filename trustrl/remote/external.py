@@ -121,7 +121,7 @@ class ExternalRunner(Runner):
 
     ``collect(snapshot)`` publishes the snapshot, then takes chunks until every group has
     a batch's worth of rows (``env.num_envs x rollout.num_steps`` per agent of the
-    group); chunks from a version more than ``max_version_lag`` away from the learner's
+    group); chunks from a version more than ``runners.max_version_lag`` away from the learner's
     are dropped and counted. ``inbox`` is an ``Inbox`` or anything with its learner-side
     methods (``take``, ``publish``, ``release``), such as the Ray actor's client.
     """
@@ -155,7 +155,7 @@ class ExternalRunner(Runner):
         self.publish(snapshot)
         chunks: list[list[Chunk]] = [[] for _ in self.groups]
         rows = [0] * len(self.groups)
-        lag_bound = self.config.max_version_lag
+        lag_bound = self.config.runners.max_version_lag
         consumed = self.consumed  # recorded when the batch is complete: a stop before
         # that leaves the chunks taken so far to the spool, for the resumed learner
         while True:

@@ -7,12 +7,12 @@ object store once; each runner collects its share of the envs with it and sends 
 batches are joined row-wise in runner order (contract.join), so a run with the same seed
 and the same number of runners gives the same progress file.
 
-A lost runner (its process died, or it did not answer within ``runner_timeout``) is
+A lost runner (its process died, or it did not answer within ``runners.timeout``) is
 killed and replaced by a fresh actor, seeded apart from every earlier one, and the
 replacement collects that runner's share again with the same snapshot: an iteration is
 always made of complete rollouts of one policy version, never a partial or mixed batch,
 and the lost batch never reaches the learner. ``restarts`` counts replacements (logged
-as ``runner_restarts``); ``runner_failures`` failures in a row stop the run.
+as ``runner_restarts``); ``runners.failures`` failures in a row stop the run.
 
 Reward scaling is per runner: each keeps its own discounted-return statistics, as the
 single-process collector does for its envs (a replacement starts its own afresh).
@@ -78,11 +78,11 @@ class RunnerActor:
 
 
 class RayRunners(Runner):
-    """``config.runners`` runner actors with ``config.runner_envs`` envs each."""
+    """``config.runners.count`` runner actors with ``config.runner_envs`` envs each."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.cluster = RayCluster(config.ray_address)
+        self.cluster = RayCluster(config.runners.ray_address)
         self.cluster.start()
         try:
             ray = import_ray()
@@ -106,8 +106,8 @@ class RayRunners(Runner):
             self.snapshot_version = -1
             self.busy_seconds = 0.0
             self.metrics_since = time.monotonic()
-            self.replaced = [0] * config.runners  # replacements of each runner
-            self.actors = [self._start(i) for i in range(config.runners)]
+            self.replaced = [0] * config.runners.count  # replacements of each runner
+            self.actors = [self._start(i) for i in range(config.runners.count)]
             self.groups: list[AgentGroup] = ray.get(self.actors[0].groups.remote())
             self.num_envs = config.num_envs
         except BaseException:
@@ -127,10 +127,10 @@ class RayRunners(Runner):
     def _replace(self, index: int, why: str) -> None:
         self.restarts += 1
         self.failures_in_a_row += 1
-        if self.failures_in_a_row >= self.config.runner_failures:
+        if self.failures_in_a_row >= self.config.runners.failures:
             raise RunnerFailedError(
                 f"runner-{index} failed ({why}); {self.failures_in_a_row} runner failures "
-                f"in a row (runner_failures = {self.config.runner_failures}): stopping"
+                f"in a row (runners.failures = {self.config.runners.failures}): stopping"
             )
         self.ray.kill(self.actors[index], no_restart=True)
         self.replaced[index] += 1
@@ -138,11 +138,11 @@ class RayRunners(Runner):
 
     def collect(self, snapshot: PolicySnapshot, train: bool = True) -> RolloutBatch:
         """Synchronous: every runner's rollout of this snapshot, joined. Asynchronous
-        (``config.async_collection``): the next ``rollouts_per_update`` batches any
-        runners finish, each of a version no more than ``max_version_lag`` behind this
+        (``runners.async_collection``): the next ``runners.rollouts_per_update`` batches any
+        runners finish, each of a version no more than ``runners.max_version_lag`` behind this
         snapshot's, joined; a runner starts its next rollout on the newest snapshot as
         soon as it delivers one, so collection goes on while the learner updates."""
-        if self.config.async_collection:
+        if self.config.runners.async_collection:
             return self._next_batch(snapshot, train)
         ref = self.ray.put(snapshot)  # once per iteration, read by every runner
         for i in range(len(self.actors)):
@@ -163,7 +163,7 @@ class RayRunners(Runner):
         for i in range(len(self.actors)):
             if i not in self.inflight:  # idle: start it on the newest snapshot
                 self._submit(i, ref, train)
-        wanted = self.config.rollouts_per_update
+        wanted = self.config.runners.rollouts_per_update
         # One rollout per runner while there are as many runners as rollouts wanted: a
         # runner that delivers twice before another delivers once keeps its second for
         # the next update (taking it now would leave the slower runners' rollouts to go
@@ -180,7 +180,7 @@ class RayRunners(Runner):
                     arrivals.append((i, batch))
             while arrivals and len(batches) < wanted:
                 i, batch = arrivals.pop(0)
-                if snapshot.version - batch.version > self.config.max_version_lag:
+                if snapshot.version - batch.version > self.config.runners.max_version_lag:
                     self.dropped += 1  # too stale to train on (RelayRL's max_version_lag)
                 elif distinct and any(i == j for j, _ in batches):
                     self.held.append((i, batch))
@@ -198,7 +198,7 @@ class RayRunners(Runner):
         came, by runner. Lost runners are replaced and restarted on ``ref``."""
         from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-        ray, timeout = self.ray, self.config.runner_timeout
+        ray, timeout = self.ray, self.config.runners.timeout
         index_of = {task: i for i, (task, _) in self.inflight.items()}
         oldest = min(started for _, started in self.inflight.values())
         wait_for = max(0.0, oldest + timeout - time.monotonic())
@@ -219,7 +219,7 @@ class RayRunners(Runner):
         now = time.monotonic()
         for i, (_, started) in list(self.inflight.items()):
             if now - started >= timeout:
-                self._replace(i, f"no rollout within runner_timeout = {timeout} s")
+                self._replace(i, f"no rollout within runners.timeout = {timeout} s")
                 self._submit(i, ref, train)
         return came
 

@@ -145,7 +145,7 @@ def serve(
         check_new_run_folder(folder, overwrite)
         if overwrite and spool.is_dir():
             shutil.rmtree(spool)  # an earlier run's chunks are not this run's
-    cluster = RayCluster(ray_address or config.ray_address)
+    cluster = RayCluster(ray_address or config.runners.ray_address)
     cluster.start()  # first: it chooses the mode Ray is imported in (cluster.py)
     try:
         ray = import_ray()

@@ -557,7 +557,7 @@ class Trainer:
         """One rollout through the runner contract: a snapshot out, a batch back, its
         statistics merged; what it brought (``Collected``)."""
         batch = self.collector.collect(self.snapshot())
-        lag = self.config.max_version_lag if self.config.async_collection else 0
+        lag = self.config.runners.max_version_lag if self.config.runners.async_collection else 0
         rollouts = absorb(self.policies, batch, self.iteration, lag)
         return Collected(rollouts, batch.episodes, batch.env_steps, self.iteration - batch.version)
 
@@ -569,7 +569,7 @@ class Trainer:
         else ``version_lag``, the batch's just trained on, and the learner's busy fraction
         (updating, not waiting)."""
         reported = self.collector.metrics()
-        if not self.config.runners and not reported:
+        if not self.config.runners.count and not reported:
             return {}
         elapsed = max(time.perf_counter() - iteration_start, 1e-9)
         return {
@@ -650,7 +650,7 @@ class _StopOnInterrupt:
 
 def _make_runner(config: Config) -> Runner:
     """The run's own runner: a collector in this process, or Ray runners."""
-    if config.runners == 0:
+    if config.runners.count == 0:
         return make_collector(config, config.seed, config.num_envs)
     from trustrl.remote.runners import RayRunners  # Ray only when asked for
 
@@ -687,7 +687,7 @@ def absorb(
     if not 0 <= version - batch.version <= max_lag:
         raise ValueError(
             f"a rollout of policy version {batch.version} reached the learner at {version} "
-            f"(max_version_lag {max_lag})"
+            f"(runners.max_version_lag {max_lag})"
         )
     rollouts = []
     for policy, group in zip(policies, batch.groups, strict=True):
