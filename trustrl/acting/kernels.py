@@ -413,7 +413,7 @@ def policy_terms_numpy(
     clip_coef: float,
     norm_adv: bool = True,
 ) -> tuple[dict[str, float], np.ndarray]:
-    """``policy_terms`` in numpy, and d loss/policy / d logprob (rows,); ``entropy`` is the
+    """``policy_terms`` in numpy, and d loss_pi / d logprob (rows,); ``entropy`` is the
     minibatch's mean (the numpy heads' ``terms`` give it so).
 
     Means as sums / n throughout: ndarray.mean's Python wrapper costs more than the
@@ -426,10 +426,10 @@ def policy_terms_numpy(
     unclipped = ratio * advantages
     clipped = np.minimum(np.maximum(ratio, 1.0 - clip_coef), 1.0 + clip_coef) * advantages
     terms = {
-        "loss/policy": -float(np.minimum(unclipped, clipped).sum()) / n,
-        "loss/entropy": entropy,
-        "diag/approx_kl": (float(ratio.sum()) - n - float(log_ratio.sum())) / n,
-        "diag/clip_fraction": np.count_nonzero(np.abs(ratio - 1.0) > clip_coef) / n,
+        "loss_pi": -float(np.minimum(unclipped, clipped).sum()) / n,
+        "entropy": entropy,
+        "approx_kl": (float(ratio.sum()) - n - float(log_ratio.sum())) / n,
+        "clip_fraction": np.count_nonzero(np.abs(ratio - 1.0) > clip_coef) / n,
     }
     # The unclipped branch's gradient where min picks it (ties too: both branches then
     # carry the same gradient), zero where the clipped one is flat.
@@ -440,7 +440,7 @@ def policy_terms_numpy(
 def value_terms_numpy(
     values: np.ndarray, old_values: np.ndarray, returns: np.ndarray, clip_coef: float | None
 ) -> tuple[dict[str, float], np.ndarray]:
-    """``value_terms`` in numpy, and d loss/value / d values (rows,)."""
+    """``value_terms`` in numpy, and d loss_v / d values (rows,)."""
     n = len(values)
     error = values - returns
     unclipped = error * error
@@ -460,7 +460,7 @@ def value_terms_numpy(
             d_values,
             np.where(unclipped < clipped, d_clipped, 0.5 * (d_values + d_clipped)),
         )
-    return {"loss/value": loss}, d_values.astype(np.float32, copy=False)
+    return {"loss_v": loss}, d_values.astype(np.float32, copy=False)
 
 
 def normalize_advantages_numpy(advantages: np.ndarray) -> np.ndarray:

@@ -2,16 +2,17 @@
 
 ``policy_terms`` and ``value_terms`` are PPO's losses as named terms (TorchRL's style):
 
-* ``loss/policy``: the clipped surrogate, ``clipped_surrogate``;
-* ``loss/entropy``: the mean entropy of the policy on the minibatch;
-* ``loss/value``: the (optionally clipped) squared error, ``value_loss``;
-* ``diag/approx_kl``, ``diag/clip_fraction``: diagnostics, no gradient.
+* ``loss_pi``: the clipped surrogate, ``clipped_surrogate``;
+* ``entropy``: the mean entropy of the policy on the minibatch;
+* ``loss_v``: the (optionally clipped) squared error, ``value_loss``;
+* ``approx_kl``, ``clip_fraction``: diagnostics, no gradient.
 
-Each loss term is unweighted: the objective is ``policy - ent_coef * entropy`` for an
-actor's optimizer, ``value`` for a critic's, and ``policy - ent_coef * entropy + vf_coef *
-value`` where one optimizer holds both (``updates/grads.py``). Each torch form has a numpy
-twin in kernels.py (``*_numpy``: there so that PPO's critic process imports no torch),
-which also returns the derivative the hand-written backward pass starts from;
+The progress file and TensorBoard report these terms, averaged over minibatches, under the
+same names. Each loss term is unweighted: the objective is ``loss_pi - ent_coef * entropy``
+for an actor's optimizer, ``loss_v`` for a critic's, and ``loss_pi - ent_coef * entropy +
+vf_coef * loss_v`` where one optimizer holds both (``updates/grads.py``). Each torch form
+has a numpy twin in kernels.py (``*_numpy``: there so that PPO's critic process imports no
+torch), which also returns the derivative the hand-written backward pass starts from;
 ``tests/test_losses.py`` holds them equal.
 """
 
@@ -58,10 +59,10 @@ def policy_terms(
     with torch.no_grad():
         kl, fraction = approx_kl(log_ratio), clip_fraction(log_ratio, clip_coef)
     return {
-        "loss/policy": loss,
-        "loss/entropy": entropy.mean(),
-        "diag/approx_kl": kl,
-        "diag/clip_fraction": fraction,
+        "loss_pi": loss,
+        "entropy": entropy.mean(),
+        "approx_kl": kl,
+        "clip_fraction": fraction,
     }
 
 
@@ -69,7 +70,7 @@ def value_terms(
     values: Tensor, old_values: Tensor, returns: Tensor, clip_coef: float | None = None
 ) -> dict[str, Tensor]:
     """PPO's value term on a minibatch (the critic's raw outputs and targets)."""
-    return {"loss/value": value_loss(values, old_values, returns, clip_coef)}
+    return {"loss_v": value_loss(values, old_values, returns, clip_coef)}
 
 
 def approx_kl(log_ratio: Tensor) -> Tensor:

@@ -140,7 +140,7 @@ class CriticShare:
         )
         d_out = (np.float32(self.value_scale) * d_values)[:, None]
         kernels.backward(self.layers, self.activation, hidden, d_out, self.grads)
-        return named["loss/value"]
+        return named["loss_v"]
 
 
 class CriticWorker:

@@ -20,8 +20,8 @@ next ``step``.
   ``tests/test_grads.py`` holds its terms and gradients equal to ``TorchGradients``.
 
 The KL stop is inside the call because it decides what the call fits: where the policy's
-``diag/approx_kl`` exceeds ``target_kl``, the policy terms are reported but not fitted
-(``diag/kl_stop`` is 1), so that step is never taken (it is checked before the step it
+``approx_kl`` exceeds ``target_kl``, the policy terms are reported but not fitted
+(``kl_stop`` is 1), so that step is never taken (it is checked before the step it
 would overshoot, not after: the multi-agent seed kernel's mistake).
 """
 
@@ -53,6 +53,10 @@ from trustrl.learner.warn import warn
 Terms = dict[str, float]
 Grads = dict[str, Tensor]
 
+# The loss terms a step's terms may hold (the rest are diagnostics), named as in the
+# progress file.
+LOSS_TERMS = ("loss_pi", "entropy", "loss_v")
+
 
 class Gradients(Protocol):
     def minibatches(self, batch: Batch, count: int, generator: torch.Generator) -> Iterator[Any]:
@@ -68,10 +72,11 @@ class Gradients(Protocol):
         clip_coef: float | None = None,
         target_kl: float | None = None,
     ) -> tuple[Terms, Grads]:
-        """A minibatch's terms (``loss/*`` of what was fitted, ``diag/*``) and the flat
-        gradient of each optimizer whose loss has a fitted term: ``loss/policy -
-        ent_coef * loss/entropy`` for the actor's, ``loss/value`` for the critic's (times
-        ``vf_coef`` where one optimizer holds both)."""
+        """A minibatch's terms (the loss terms of what was fitted, ``LOSS_TERMS``, and the
+        diagnostics ``approx_kl``, ``clip_fraction``, ``kl_stop``) and the flat gradient
+        of each optimizer whose loss has a fitted term: ``loss_pi - ent_coef * entropy``
+        for the actor's, ``loss_v`` for the critic's (times ``vf_coef`` where one
+        optimizer holds both)."""
 
     def rest(self) -> None:
         """The update is over (a hint: a critic worker stops waiting for work)."""
@@ -154,20 +159,20 @@ class TorchGradients:
             )
             with torch.no_grad():  # one synchronizing read for all four
                 terms.update(zip(named, torch.stack(list(named.values())).tolist(), strict=True))
-            stop = _kl_stop(terms["diag/approx_kl"], target_kl)
-            terms["diag/kl_stop"] = float(stop)
+            stop = _kl_stop(terms["approx_kl"], target_kl)
+            terms["kl_stop"] = float(stop)
             if stop:
-                del terms["loss/policy"], terms["loss/entropy"]
+                del terms["loss_pi"], terms["entropy"]
             else:
-                loss = named["loss/policy"]
+                loss = named["loss_pi"]
                 losses[self.actor_key] = (
-                    loss - cfg.ent_coef * named["loss/entropy"] if cfg.ent_coef else loss
+                    loss - cfg.ent_coef * named["entropy"] if cfg.ent_coef else loss
                 )
         if fit_value:
             assert self.critic_key is not None
             values = policy.value_raw(mb.obs, mb.critic_obs, mb.agent)
-            value = value_terms(values, mb.values, mb.returns, cfg.vf_clip_coef)["loss/value"]
-            terms["loss/value"] = float(value.detach())
+            value = value_terms(values, mb.values, mb.returns, cfg.vf_clip_coef)["loss_v"]
+            terms["loss_v"] = float(value.detach())
             # vf_coef weighs the value term where one optimizer holds both networks.
             scaled = value * cfg.vf_coef if self.critic_key == self.actor_key else value
             prior = losses.get(self.critic_key)
@@ -312,7 +317,7 @@ class NumpyGradients:
             value = self._collect() if submitted else None
             if value is None:
                 value = self.critic_step(mb.obs, mb.returns, mb.values)
-            terms["loss/value"] = value
+            terms["loss_v"] = value
         if self.actor_key == self.critic_key and fit_actor != fit_value:
             # One optimizer, one network fitted: the other's gradient is 0.
             for weight, bias in self.critic_grads if fit_actor else self.actor_grads:
@@ -335,10 +340,10 @@ class NumpyGradients:
             logprob, mb.logprob, mb.advantages, entropy, clip_coef, self.config.norm_adv
         )
         terms.update(named)
-        stop = _kl_stop(terms["diag/approx_kl"], target_kl)
-        terms["diag/kl_stop"] = float(stop)
+        stop = _kl_stop(terms["approx_kl"], target_kl)
+        terms["kl_stop"] = float(stop)
         if stop:
-            del terms["loss/policy"], terms["loss/entropy"]
+            del terms["loss_pi"], terms["entropy"]
             return True
         d_out, d_log_std = self.head.backward(residuals, d_logprob, -self.config.ent_coef)
         kernels.backward(self.actor, self.activation, hidden, d_out, self.actor_grads)

@@ -25,6 +25,7 @@ from trustrl.learner.optim import Adam, clip_grad_norm
 from trustrl.learner.policy import Policy
 from trustrl.learner.rollout import Rollout
 from trustrl.learner.updates.grads import (
+    LOSS_TERMS,
     Gradients,
     Grads,
     LossSettings,
@@ -108,7 +109,7 @@ class PPOUpdate:
         for epoch in range(max(pi_epochs, vf_epochs)):
             if not ((epoch < pi_epochs and not pi_stopped) or (epoch < vf_epochs and separate)):
                 break
-            stats: dict[str, list[float]] = {"pi": [], "vf": [], "kl": [], "entropy": []}
+            stats: dict[str, list[float]] = {name: [] for name in EPOCH_MEANS}
             epoch_stats.append(stats)
             for mb in grads.minibatches(batch, cfg.num_minibatches, self.generator):
                 fit_pi = epoch < pi_epochs and not pi_stopped
@@ -123,13 +124,13 @@ class PPOUpdate:
                     target_kl=cfg.target_kl,
                 )
                 if fit_pi:
-                    stats["kl"].append(terms["diag/approx_kl"])
-                    if terms["diag/kl_stop"]:  # this step's policy term is not taken
+                    stats["approx_kl"].append(terms["approx_kl"])
+                    if terms["kl_stop"]:  # this step's policy term is not taken
                         pi_stopped, stop_iter = True, epoch + 1
                         if not separate:
                             break
                     else:
-                        clip_fractions.append(terms["diag/clip_fraction"])
+                        clip_fractions.append(terms["clip_fraction"])
                 self._step(terms, mb_grads, stats, skipped)
         grads.rest()
 
@@ -164,16 +165,13 @@ class PPOUpdate:
         for term in LOSS_TERMS:
             value = terms.get(term)
             if value is not None and not math.isfinite(value):
-                name = term.removeprefix("loss/")
-                skipped[name] = skipped.get(name, 0) + 1
+                skipped[term] = skipped.get(term, 0) + 1
                 bad = True
         if bad:
             return
-        if "loss/policy" in terms:
-            stats["pi"].append(terms["loss/policy"])
-            stats["entropy"].append(terms["loss/entropy"])
-        if "loss/value" in terms:
-            stats["vf"].append(terms["loss/value"])
+        for term in LOSS_TERMS:
+            if term in terms:
+                stats[term].append(terms[term])
         for key, opt in self.optimizers.items():
             if key not in grads:
                 continue
@@ -184,8 +182,8 @@ class PPOUpdate:
             opt.step(grads[key])
 
 
-# The loss terms a gradient step's terms may hold (the rest are diagnostics).
-LOSS_TERMS = ("loss/policy", "loss/entropy", "loss/value")
+# What each epoch collects per minibatch step: the loss terms and the KL measured.
+EPOCH_MEANS = (*LOSS_TERMS, "approx_kl")
 
 
 def _mean(values: list[float]) -> float:
@@ -201,15 +199,10 @@ def _summarize(epoch_stats: list[dict[str, list[float]]]) -> dict[str, float]:
             return float("nan"), float("nan")
         return _mean(epochs[0]), _mean(epochs[-1])
 
-    pi_first, pi_last = first_last("pi")
-    vf_first, vf_last = first_last("vf")
-    _, kl_last = first_last("kl")
-    _, entropy_last = first_last("entropy")
-    return {
-        "loss_pi": pi_last,
-        "delta_loss_pi": pi_last - pi_first,
-        "loss_v": vf_last,
-        "delta_loss_v": vf_last - vf_first,
-        "approx_kl": kl_last,
-        "entropy": entropy_last,
-    }
+    metrics: dict[str, float] = {}
+    for name in ("loss_pi", "loss_v"):
+        first, last = first_last(name)
+        metrics[name], metrics[f"delta_{name}"] = last, last - first
+    for name in ("approx_kl", "entropy"):
+        metrics[name] = first_last(name)[1]
+    return metrics

@@ -221,7 +221,7 @@ class TRPOUpdate:
             losses = []
             for mb in grads.minibatches(batch, cfg.minibatches, self.generator):
                 terms, mb_grads = grads.step(mb, fit_policy=False, fit_value=True)
-                value = terms["loss/value"]
+                value = terms["loss_v"]
                 if not math.isfinite(value):
                     continue
                 self.vf_optimizer.step(mb_grads["vf"])
