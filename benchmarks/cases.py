@@ -24,7 +24,7 @@ CASE6_SETTINGS: dict[str, Any] = {
     "gamma": 0.99,
     "gae_lambda": 0.95,
     # A 32x32 network and 2 epochs at a larger step size: with the update in numpy
-    # (trustrl/updates/grads.py) a 1024-row minibatch step is bound by its arithmetic,
+    # (trustrl/learner/updates/grads.py) a 1024-row minibatch step is bound by its arithmetic,
     # which these settings cut 4x against 64x64 and 4 epochs at 2.5e-3 (118k SPS,
     # 2.9-3.5 s to solved). Seeds 1-8 (one sitting): 228k-245k SPS, solved 1.8-2.9 s
     # from process start, one seed (5) at 3.8 s (651k env steps).

@@ -52,7 +52,7 @@ def main() -> int:
     stats = pstats.Stats(profile)
     phases = {"collect": 0.0, "update": 0.0}
     for (filename, _, name), row in stats.stats.items():  # type: ignore[attr-defined]
-        if filename.endswith("collect.py") and name == "collect":
+        if filename.endswith(("collect.py", "collector.py")) and name == "collect":
             phases["collect"] += row[3]
         if filename.endswith("trainer.py") and name == "_update":
             phases["update"] += row[3]

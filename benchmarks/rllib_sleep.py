@@ -40,7 +40,7 @@ ENV = "benchmarks.sleep_env:Sleep-v0"  # gymnasium imports the module, then make
 
 def run_one(args: argparse.Namespace, runners: int, started: float) -> dict[str, Any]:
     # Single-machine mode before Ray's import: the node IP stays 127.0.0.1 and every
-    # listener on loopback (trustrl/distributed/cluster.py says why).
+    # listener on loopback (trustrl/remote/cluster.py says why).
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ.setdefault("RAY_AUTH_MODE", "token")
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"

@@ -8,7 +8,7 @@
 
 CartPole-sized policy (64x64 tanh actor and critic), a 4 x 128 rollout, 4 epochs of 4
 minibatches of 128 (``--rows``: the minibatch size, the rollout grows to match), one
-torch and one BLAS thread. ``--backend`` picks the gradients of trustrl/updates/grads.py
+torch and one BLAS thread. ``--backend`` picks the gradients of trustrl/learner/updates/grads.py
 (default: the one PPOUpdate picks). Prints microseconds per minibatch step, the median
 of 5 repeats of 50 updates. Used for docs/performance.md.
 """

@@ -45,8 +45,8 @@ def private_mib(pid: int) -> float:
 
 def count_workers(trainer: Any, out: dict[str, float]) -> None:
     """Wrap each update's ``close`` (instance attribute, benchmark-only) to read the private
-    memory of its critic worker process (updates/critic_worker.py) before it stops; the
-    largest lands in ``out["worker_private_mib"]`` and counts toward peak memory."""
+    memory of its critic worker process (trustrl/learner/updates/critic_worker.py) before
+    it stops; the largest lands in ``out["worker_private_mib"]`` and counts toward peak memory."""
     for update in trainer.updates:
         original = getattr(update, "close", None)
         if original is None:  # a checkout from before the worker (PYTHONPATH)

@@ -46,7 +46,7 @@ def known_value(obs: torch.Tensor, *_: object) -> torch.Tensor:
 
 
 def use_known_value(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The collector's critic (numpy inference, see trustrl/inference.py) -> known_value."""
+    """The collector's critic (numpy inference, see trustrl/acting/inference.py) -> known_value."""
 
     def raw_value(self: Inference, x: np.ndarray, *_: object) -> np.ndarray:
         return known_value(torch.from_numpy(x)).numpy()

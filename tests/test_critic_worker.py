@@ -1,4 +1,5 @@
-"""The critic's share of PPO's minibatch steps in a second process (updates/critic_worker.py).
+"""The critic's share of PPO's minibatch steps in a second process
+(trustrl/learner/updates/critic_worker.py).
 
 The worker runs the same numpy calls on the same numbers as the update's own process, so
 whole updates with and without it must end at the same weights bit for bit; a worker

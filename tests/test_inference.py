@@ -1,4 +1,4 @@
-"""The collector's numpy inference (trustrl/inference.py) against the torch policy.
+"""The collector's numpy inference (trustrl/acting/inference.py) against the torch policy.
 
 The update recomputes log-probabilities and values in torch from what the collector
 stored, so the two paths must agree: same log-probabilities of the sampled actions,

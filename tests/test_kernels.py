@@ -1,4 +1,4 @@
-"""The numpy MLP (trustrl/kernels.py) against torch: forward passes, plain and stacked per
+"""The numpy MLP (trustrl/acting/kernels.py) against torch: forward passes, plain and stacked per
 agent, equal to the Policy's modules; the backward pass equal to autograd."""
 
 from __future__ import annotations

@@ -423,7 +423,7 @@ def cmd_export(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="trustrl export",
         description="Export a saved policy's deterministic actor, observation normalizer "
-        "included, as one file that runs without trustrl (see trustrl/export.py).",
+        "included, as one file that runs without trustrl (see trustrl/run/export.py).",
     )
     parser.add_argument("path", help="run folder or checkpoint folder")
     parser.add_argument("--format", default="onnx", help="onnx (default) or torchscript")

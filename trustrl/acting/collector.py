@@ -213,6 +213,12 @@ class _Seen:
 
 
 class Collector(Runner):
+    """The acting side's runner: steps a run's environments (as rows, envs/rows.py) with a
+    policy snapshot and returns the rollout as a ``RolloutBatch`` (contract.py). It holds
+    everything that lives between rollouts on the acting side (the current observations,
+    episode accumulators, the reward scaler, the sampling generator) and nothing of the
+    learner's; the trainer's process and every Ray runner run this same class."""
+
     def __init__(
         self,
         envs: RowEnv | gym.vector.VectorEnv,

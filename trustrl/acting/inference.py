@@ -1,12 +1,12 @@
 """The collector's inference path: a Policy's forward pass in numpy, on a weight snapshot.
 
 Collection runs the networks on a handful of rows per env step (4 for the usual
-CartPole setting), where torch spends far longer dispatching each op (a few
-microseconds, some 15 ops per step) than computing it. The same arithmetic on numpy
-arrays costs about a microsecond per op, so this is the one path the collector acts
-with; the update keeps torch, for autograd. ``tests/test_inference.py`` checks that
-both give the same log-probabilities and values. The arithmetic is the numpy twins':
-the MLP of kernels.py and the heads of distributions.py, which the gradient code uses too.
+CartPole setting), where torch spends far longer dispatching each op than computing it;
+numpy's per-op cost is several times lower (docs/performance.md), so this is the one path
+the collector acts with; the update keeps torch, for autograd.
+``tests/test_inference.py`` checks that both give the same log-probabilities and values.
+The arithmetic is the numpy twins': each policy part's (acting/parts.py) and the heads'
+(acting/kernels.py), which the gradient code uses too.
 
 ``Inference(snapshot)`` is built from a policy snapshot (contract.py: numpy weights,
 pre-transposed here for ``x @ W``, and normalizer statistics), never from the learner's
@@ -15,9 +15,7 @@ observations already normalized by its own copy of the observation statistics
 (``obs_normalizer``), frozen for a rollout unless the collector updates it per step.
 
 Per env step only the actor runs (``act``); the log-probabilities and the critic run once
-per rollout on what the steps stored (``log_prob``, ``value``). An earlier version fused
-actor and critic into one network per step; with the critic out of the step, the fusion
-saved nothing and is gone.
+per rollout on what the steps stored (``log_prob``, ``value``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 pass, and the action heads' numpy twins (``NumpyCategorical``, ``NumpyGaussian``).
 
 Both numpy paths run their networks here: the collector's acting (inference.py) and the
-hand-written PPO gradients (updates/grads.py). Torch's ``Policy`` is the reference;
+hand-written PPO gradients (learner/updates/grads.py). Torch's ``Policy`` is the reference;
 ``tests/test_kernels.py`` holds the forward pass equal to it and the backward pass equal
 to autograd. Why numpy at all: on CartPole-sized networks torch spends longer
 dispatching each op than computing it, and numpy's per-op cost is several times lower
@@ -166,9 +166,9 @@ def row_sum(x: np.ndarray) -> np.ndarray:
     return x @ ones(x.shape[1], x.dtype)[:, None]
 
 
-# The action heads' numpy twins. Each torch head in distributions.py has its twin here,
+# The action heads' numpy twins. Each torch head in learner/heads.py has its twin here,
 # for the two numpy paths: acting (inference.py: noise, act, mode, log-prob) and the
-# hand-written gradients (updates/grads.py: log-prob, entropy and their backward pass to
+# hand-written gradients (learner/updates/grads.py: log-prob, entropy and their backward pass to
 # the head's outputs). They live beside the numpy MLP rather than beside their torch
 # heads so that the acting side (a Ray runner, an external agent) never imports torch;
 # ``tests/test_distributions.py`` holds each twin equal to its head.

@@ -11,7 +11,7 @@ per minibatch, and TRPO can take the KL between two parameter tensors.
 Each torch head has a numpy twin in kernels.py (``NumpyCategorical`` for both categorical
 heads, ``NumpyGaussian``; there, not here, so that the acting side imports no torch),
 for the two numpy paths: acting (inference.py: noise, act,
-mode, log-prob) and the hand-written gradients (updates/grads.py: log-prob, entropy and
+mode, log-prob) and the hand-written gradients (learner/updates/grads.py: log-prob, entropy and
 their backward pass to the head's outputs). The twins take the head's raw outputs (the
 last linear layer's: logits, or the Gaussian means) where the torch heads take their
 parameter tensor; ``tests/test_distributions.py`` holds each twin equal to its head and
@@ -54,7 +54,7 @@ class StackedLinear(nn.Module):
 
         One matmul against every agent's weights at once, then each row keeps its own
         agent's output. Gathering a weight matrix per row instead costs a (B, out, in)
-        copy and its scatter-add in backward: 50x slower at B = 2400, 64x64, 3 agents.
+        copy and its scatter-add in backward, far slower at minibatch sizes.
         """
         agents, out, inp = self.weight.shape
         every = (x @ self.weight.permute(2, 0, 1).reshape(inp, agents * out)).view(-1, agents, out)

@@ -10,7 +10,7 @@
 The progress file and TensorBoard report these terms, averaged over minibatches, under the
 same names. Each loss term is unweighted: the objective is ``loss_pi - ent_coef * entropy``
 for an actor's optimizer, ``loss_v`` for a critic's, and ``loss_pi - ent_coef * entropy +
-vf_coef * loss_v`` where one optimizer holds both (``updates/grads.py``). Each torch form
+vf_coef * loss_v`` where one optimizer holds both (``learner/updates/grads.py``). Each torch form
 has a numpy twin in kernels.py (``*_numpy``: there so that PPO's critic process imports no
 torch), which also returns the derivative the hand-written backward pass starts from;
 ``tests/test_losses.py`` holds them equal.

@@ -1,8 +1,8 @@
 """Adam, as torch.optim.Adam computes it, without torch.optim, on one flat buffer.
 
 Why not ``torch.optim.Adam``: constructing any ``torch.optim.Optimizer`` imports
-``torch._dynamo``, which costs 2-3 s on this project's 2-core machines, longer than a
-whole CartPole training run; and on CPU its per-parameter (or per-tensor ``foreach``)
+``torch._dynamo``, which takes longer than a whole CartPole training run (see
+docs/performance.md); and on CPU its per-parameter (or per-tensor ``foreach``)
 ops dominate a small network's step (see docs/performance.md). This class keeps the
 weights and moments in flat tensors and steps them with a handful of in-place numpy ops
 on views of those (the arithmetic of ``torch.optim.Adam``'s single-tensor CPU path);
@@ -53,7 +53,7 @@ class Adam:
             {"params": list(params), "lr": lr, "betas": betas, "eps": eps}
         ]
         # The flat weights in shared memory, for the critic's worker process to read (see
-        # updates/critic_worker.py): allocated so from the start, as moving a tensor there
+        # learner/updates/critic_worker.py): allocated so from the start, as moving a tensor there
         # later would leave any numpy view of it pointing at freed memory.
         self.shared = shared
         self.steps = 0  # steps taken (torch keeps one count per parameter; they agree)

@@ -46,9 +46,9 @@ def gae(
     Returns (advantages, returns), both (T, N), with returns = advantages + values.
     """
     # Bootstrap through time limits: a truncated state is not terminal (Pardo et al. 2018).
-    # In numpy throughout: the same element-wise float32 arithmetic, at about a
-    # microsecond per op, where torch's per-op dispatch (slower still when it runs between
-    # numpy calls, see docs/performance.md round 4) would dominate (T steps of two ops).
+    # In numpy throughout: the same element-wise float32 arithmetic, where torch's per-op
+    # dispatch (slower still when it runs between numpy calls, docs/performance.md) would
+    # dominate (T steps of two ops).
     r, v, nv = rewards.numpy(), values.numpy(), next_values.numpy()
     term, trunc = terminated.numpy(), truncated.numpy()
     d = r + gamma * nv * (1.0 - term) - v
@@ -269,7 +269,7 @@ class Batch(_Rows[Tensor]):
     def numpy(self) -> NumpyBatch:
         """The same rows as numpy arrays over the same memory. The numpy gradients take
         their minibatches from it: indexing arrays costs a fraction of indexing tensors,
-        whose ops run slowly between numpy calls (docs/performance.md, round 4)."""
+        whose ops run slowly between numpy calls (docs/performance.md)."""
 
         def maybe(x: Tensor | None) -> np.ndarray | None:
             return x.numpy() if x is not None else None

@@ -85,8 +85,8 @@ class TensorBoardWriter:
 
     def write(self, row: dict[str, float], step: int) -> None:
         self.pending.append((row, step, time.time()))
-        # A flush waits for the writer thread: every iteration, it cost a fast CartPole run
-        # about 5 ms per iteration. Every FLUSH_SECONDS and at close is enough for a live
+        # A flush waits for the writer thread, a real share of a fast CartPole run's
+        # iteration (docs/performance.md). Every FLUSH_SECONDS and at close is enough for a live
         # TensorBoard; a resume purges events past its checkpoint anyway.
         if time.monotonic() - self.flushed >= FLUSH_SECONDS:
             self.flush()

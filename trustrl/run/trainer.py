@@ -1,7 +1,7 @@
 """The training loop: collect -> advantages -> update -> log -> checkpoint.
 
 The trainer never branches on the algorithm: it calls the update registered for
-``config.algo`` (see updates/__init__.py).
+``config.algo`` (see learner/updates/registry.py).
 """
 
 from __future__ import annotations

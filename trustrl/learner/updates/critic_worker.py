@@ -27,7 +27,7 @@ for bit: the same numpy calls on the same numbers, in another process.
 * Waiting: each side polls its end of the pipe for ``POLL_SECONDS`` before it blocks on
   it. A process blocked in ``read`` is woken through the scheduler, which on a VM's idle
   vCPU costs a sizeable share of a minibatch step; one that polls
-  sees the message within a microsecond, and its writer makes no wake-up call. The
+  sees the message at once, and its writer makes no wake-up call. The
   messages still travel through the pipe, so the kernel orders the shared memory's
   writes before the reads on any CPU. At the end of an update the trainer sends
   ``rest`` and the child blocks at once: polling on into the collection would take the

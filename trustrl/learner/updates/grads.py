@@ -59,6 +59,11 @@ LOSS_TERMS = ("loss_pi", "entropy", "loss_v")
 
 
 class Gradients(Protocol):
+    """One minibatch step's losses and gradients, written into the optimizers' buffers:
+    the backend the PPO update steps with. ``TorchGradients`` (autograd, every policy) is
+    the reference; ``NumpyGradients`` computes the same by hand for MLP policies, where
+    torch's per-op overhead outweighs the arithmetic (``ppo.grad_backend`` picks)."""
+
     def minibatches(self, batch: Batch, count: int, generator: torch.Generator) -> Iterator[Any]:
         """One epoch of ``batch``'s minibatches (``Batch.minibatches``), in the form this
         backend's ``step`` takes."""

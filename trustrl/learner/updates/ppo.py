@@ -37,6 +37,13 @@ from trustrl.learner.warn import warn
 
 
 class PPOUpdate:
+    """The PPO update (Schulman et al. 2017): minibatch epochs of the clipped surrogate,
+    the value loss and the entropy bonus on one rollout, with KL early stopping and
+    learning-rate and clip annealing. Owns the optimizers and the gradient backend
+    (``grads.py``: autograd, or the numpy gradients for MLP policies); the trainer calls it
+    once per iteration with the rollout and the run's progress, and logs the flat dict of
+    metrics it returns."""
+
     def __init__(self, policy: Policy, config: PPOConfig, seed: int = 0) -> None:
         self.config = config
         self.generator = torch.Generator().manual_seed(seed)

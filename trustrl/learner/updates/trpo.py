@@ -110,6 +110,12 @@ def assign(params: list[torch.nn.Parameter], flat: Tensor) -> None:
 
 
 class TRPOUpdate:
+    """The TRPO update (Schulman et al. 2015): one natural-gradient policy step, the
+    direction by conjugate gradient on Fisher-vector products, scaled to the KL radius and
+    accepted by a backtracking line search only if the measured KL stays within it and the
+    surrogate improves; then the critic fitted by Adam in minibatch passes. Called by the
+    trainer exactly as ``PPOUpdate`` is."""
+
     def __init__(self, policy: Policy, config: TRPOConfig, seed: int = 0) -> None:
         self.config = config
         self.generator = torch.Generator().manual_seed(seed)
