@@ -139,6 +139,7 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
         ("multiagent.critic_input", "global, agent_state, agent_centric, local", '"all"'),
         {},
     ),
+    ("ppo.grad_backend", "jax", ("ppo.grad_backend", "auto, numpy, torch", '"jax"'), {}),
 ]
 
 # Fields that take any value of their type (flags, free strings): nothing to refuse.

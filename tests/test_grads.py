@@ -1,23 +1,25 @@
-"""The numpy gradients (trustrl/updates/grads.py) against autograd.
+"""The numpy gradients (trustrl/learner/updates/grads.py) against autograd.
 
 ``NumpyGradients`` is a hand-written backward pass of the PPO losses, so every quantity
 it produces is checked against ``TorchGradients`` (autograd on the losses of losses.py):
 the named terms (losses.py's ``policy_terms`` and ``value_terms`` against their numpy
 twins) and each optimizer's flat gradient, for every head, activation, mask and loss
-option; then whole updates, step for step.
+option; then whole updates, step for step. Each backend is chosen as a user chooses it,
+by ``ppo.grad_backend`` (``make_gradients``' ``backend``).
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+from dataclasses import replace
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
-from trustrl.config import PolicyConfig, PPOConfig
+from trustrl.config import ConfigError, PolicyConfig, PPOConfig
 from trustrl.envs.spaces import SpaceSpec
 from trustrl.learner.optim import Adam
 from trustrl.learner.policy import Policy
@@ -118,8 +120,9 @@ def assert_matches_autograd(policy: Policy, batch: Batch, options: dict, separat
     lrs = {"pi_lr": 1e-3, "vf_lr": 1e-3} if separate else {}
     config = LossSettings.of(PPOConfig(**options, **lrs))
     opts = optimizers(policy, separate)
-    reference = TorchGradients(policy, config, opts)
-    mine = NumpyGradients(policy, config, opts)
+    reference = make_gradients(policy, config, opts, backend="torch")
+    mine = make_gradients(policy, config, opts, backend="numpy")
+    assert isinstance(reference, TorchGradients) and isinstance(mine, NumpyGradients)
     for fit_pi, fit_vf in FITS:
         fit = {"fit_policy": fit_pi, "fit_value": fit_vf, "clip_coef": 0.2}
         want_terms, want = reference.step(batch, **fit)
@@ -157,8 +160,7 @@ def test_the_kl_stop_reports_the_policy_terms_and_fits_only_the_value(
     lrs = {"pi_lr": 1e-3, "vf_lr": 1e-3} if separate else {}
     config = LossSettings.of(PPOConfig(**lrs))
     opts = optimizers(policy, separate)
-    backend_class = TorchGradients if backend == "torch" else NumpyGradients
-    grads = backend_class(policy, config, opts)
+    grads = make_gradients(policy, config, opts, backend=backend)
     mb = batch if backend == "torch" else batch.numpy()
     fit = {"fit_policy": True, "fit_value": True, "clip_coef": 0.2}
     terms, stopped = grads.step(mb, **fit, target_kl=0.0)
@@ -179,7 +181,7 @@ def test_a_step_depends_on_its_minibatch_alone(space: str) -> None:
     """The same minibatch gives the same terms and gradients whatever came before it."""
     policy = make_policy(space)
     opts = optimizers(policy, separate=False)
-    grads = NumpyGradients(policy, LossSettings(ent_coef=0.01), opts)
+    grads = make_gradients(policy, LossSettings(ent_coef=0.01), opts, backend="numpy")
     first, other = make_batch(policy, False).numpy(), make_batch(policy, False, seed=7).numpy()
     fit = {"fit_policy": True, "fit_value": True, "clip_coef": 0.2}
     terms, out = grads.step(first, **fit)
@@ -202,7 +204,8 @@ def test_ties_of_the_clipped_branches_carry_the_full_gradient() -> None:
         batch.values = policy.value_raw(batch.obs)
     config = LossSettings(vf_clip_coef=0.2)
     opts = optimizers(policy, separate=False)
-    reference, mine = TorchGradients(policy, config, opts), NumpyGradients(policy, config, opts)
+    reference = make_gradients(policy, config, opts, backend="torch")
+    mine = make_gradients(policy, config, opts, backend="numpy")
     fit = {"fit_policy": True, "fit_value": True, "clip_coef": 0.2}
     got_terms, have = mine.step(batch.numpy(), **fit)
     assert got_terms["clip_fraction"] == 0.0
@@ -210,19 +213,39 @@ def test_ties_of_the_clipped_branches_carry_the_full_gradient() -> None:
     np.testing.assert_allclose(have["all"].numpy(), want["all"].numpy(), rtol=1e-4, atol=1e-6)
 
 
-def test_the_backend_follows_the_policy() -> None:
+NUMPY_LESS = [  # policies the numpy gradients do not cover, and why
+    ({"num_agents": 3, "per_agent": True}, "one actor per agent"),
+    ({"num_agents": 3, "agent_id": True}, "agent id"),
+    ({"critic_dim": 7}, "global state"),
+]
+
+
+def test_auto_follows_the_policy_and_torch_serves_every_policy() -> None:
     config = LossSettings()
     for space in SPACES:
         policy = make_policy(space)
-        assert isinstance(make_gradients(policy, config, optimizers(policy, False)), NumpyGradients)
-    for kwargs in [
-        {"num_agents": 3, "per_agent": True},
-        {"num_agents": 3, "agent_id": True},
-        {"critic_dim": 7},
-    ]:
+        opts = optimizers(policy, False)
+        assert isinstance(make_gradients(policy, config, opts), NumpyGradients)
+        assert isinstance(make_gradients(policy, config, opts, backend="torch"), TorchGradients)
+    for kwargs, _ in NUMPY_LESS:
         policy = make_policy("discrete", **kwargs)
-        gradients = make_gradients(policy, config, optimizers(policy, False))
+        gradients = make_gradients(policy, config, optimizers(policy, False), backend="auto")
         assert isinstance(gradients, TorchGradients), kwargs
+
+
+@pytest.mark.parametrize(("kwargs", "why"), NUMPY_LESS)
+def test_numpy_where_it_cannot_serve_is_a_config_error(kwargs: dict, why: str) -> None:
+    """The error names the field, the value and what in the policy it cannot train."""
+    policy = make_policy("discrete", **kwargs)
+    with pytest.raises(ConfigError, match=rf'ppo.grad_backend = "numpy" .*{why}'):
+        PPOUpdate(policy, PPOConfig(grad_backend="numpy"))
+    assert isinstance(PPOUpdate(policy, PPOConfig()).gradients, TorchGradients)
+
+
+def test_the_torch_backend_runs_no_critic_process() -> None:
+    policy = make_policy("discrete")
+    update = PPOUpdate(policy, PPOConfig(grad_backend="torch", critic_process=True))
+    assert isinstance(update.gradients, TorchGradients) and not update.critic_process
 
 
 def make_rollout(policy: Policy, space: str) -> Rollout:
@@ -258,10 +281,10 @@ def test_whole_updates_match_autograd(space: str, options: dict) -> None:
     policy = make_policy(space)
     twin = copy.deepcopy(policy)
     config = PPOConfig(update_epochs=4, num_minibatches=4, **options)
-    numpy_update = PPOUpdate(policy, config, seed=5)
-    torch_update = PPOUpdate(twin, config, seed=5)
-    torch_update.gradients = TorchGradients(twin, LossSettings.of(config), torch_update.optimizers)
+    numpy_update = PPOUpdate(policy, replace(config, grad_backend="numpy"), seed=5)
+    torch_update = PPOUpdate(twin, replace(config, grad_backend="torch"), seed=5)
     assert isinstance(numpy_update.gradients, NumpyGradients)
+    assert isinstance(torch_update.gradients, TorchGradients)
     for i in range(3):
         rollout = make_rollout(policy, space)
         got = numpy_update(policy, rollout, i / 3)
@@ -286,7 +309,9 @@ def test_trpo_critic_fit_matches_autograd() -> None:
     numpy_update = TRPOUpdate(policy, config, seed=2)
     torch_update = TRPOUpdate(twin, config, seed=2)
     assert isinstance(numpy_update.gradients, NumpyGradients)
-    torch_update.gradients = TorchGradients(twin, LossSettings(), {"vf": torch_update.vf_optimizer})
+    # TRPO has no grad_backend of its own (its critic fit takes the numpy one where it can).
+    optimizer = {"vf": torch_update.vf_optimizer}
+    torch_update.gradients = make_gradients(twin, LossSettings(), optimizer, backend="torch")
     rollout = make_rollout(policy, "box")
     batch = rollout.flat()
     got = numpy_update.fit_critic(policy, batch)

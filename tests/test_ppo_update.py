@@ -1,10 +1,13 @@
-"""PPOUpdate on a tiny discrete policy and a hand-filled rollout."""
+"""PPOUpdate on a tiny discrete policy and a hand-filled rollout; what the update
+decides (the KL stop, the non-finite guard) is checked with each gradient backend
+(``ppo.grad_backend``)."""
 
 from __future__ import annotations
 
 import copy
 import itertools
 import math
+from dataclasses import replace
 
 import gymnasium as gym
 import numpy as np
@@ -19,6 +22,7 @@ from trustrl.learner.rollout import Rollout
 from trustrl.learner.updates.ppo import PPOUpdate
 
 OBS_DIM, N_ACTIONS, STEPS, ROWS = 3, 3, 8, 4
+BACKENDS = ("numpy", "torch")
 
 METRIC_KEYS = {
     "loss_pi",
@@ -128,12 +132,14 @@ def test_update_changes_weights_and_reports_every_metric() -> None:
     assert metrics["explained_variance"] == pytest.approx(expected_ev, rel=1e-5)
 
 
-def test_update_is_deterministic_for_a_seed() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_update_is_deterministic_for_a_seed(backend: str) -> None:
     results = []
     for _ in range(2):
         policy = make_policy(seed=3)
         rollout = make_rollout(policy, seed=3)
-        metrics = PPOUpdate(policy, PPOConfig(num_minibatches=3), seed=7)(policy, rollout, 0.0)
+        config = PPOConfig(num_minibatches=3, grad_backend=backend)
+        metrics = PPOUpdate(policy, config, seed=7)(policy, rollout, 0.0)
         results.append((metrics, snapshot(policy.parameters())))
     assert results[0][0] == results[1][0]
     assert same(results[0][1], results[1][1])
@@ -149,10 +155,11 @@ def kl_stop_config(**kwargs) -> PPOConfig:
     return PPOConfig(**{**defaults, **kwargs})
 
 
-def test_kl_stop_is_checked_before_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kl_stop_is_checked_before_the_step(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     policy = make_policy()
     rollout = make_rollout(policy)
-    update = PPOUpdate(policy, kl_stop_config(num_minibatches=2))
+    update = PPOUpdate(policy, kl_stop_config(num_minibatches=2, grad_backend=backend))
     events = record_events(monkeypatch, update)
     metrics = update(policy, rollout, progress=0.0)
 
@@ -210,10 +217,13 @@ def separate_config(**kwargs) -> PPOConfig:
     return PPOConfig(**{**defaults, **kwargs})
 
 
-def test_critic_keeps_fitting_after_the_policy_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_critic_keeps_fitting_after_the_policy_stops(
+    monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
     policy = make_policy()
     rollout = make_rollout(policy)
-    update = PPOUpdate(policy, separate_config())
+    update = PPOUpdate(policy, separate_config(grad_backend=backend))
     actor_after_vf_step: list[list[torch.Tensor]] = []
     critic_after_vf_step: list[list[torch.Tensor]] = []
 
@@ -288,15 +298,18 @@ def test_losses_reach_only_their_own_network() -> None:
 # (d) The non-finite guard.
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("separate", [False, True], ids=["shared", "separate"])
 @pytest.mark.parametrize(("field", "term"), [("advantages", "loss_pi"), ("returns", "loss_v")])
-def test_nan_everywhere_leaves_weights_bit_identical(field: str, term: str, separate: bool) -> None:
+def test_nan_everywhere_leaves_weights_bit_identical(
+    field: str, term: str, separate: bool, backend: str
+) -> None:
     policy = make_policy()
     rollout = make_rollout(policy)
     getattr(rollout, field).fill_(float("nan"))
     before = snapshot(policy.parameters())
     config = separate_config(target_kl=None) if separate else PPOConfig(num_minibatches=2)
-    update = PPOUpdate(policy, config)
+    update = PPOUpdate(policy, replace(config, grad_backend=backend))
 
     with pytest.warns(RuntimeWarning, match=rf"non-finite loss term: .*{term} \(\d+x\)"):
         metrics = update(policy, rollout, progress=0.0)
@@ -313,13 +326,15 @@ def test_nan_everywhere_leaves_weights_bit_identical(field: str, term: str, sepa
     assert math.isfinite(with_clean["loss_pi"]) and math.isfinite(with_clean["loss_v"])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("field", "term"), [("advantages", "loss_pi"), ("returns", "loss_v")])
-def test_nan_in_one_row_skips_only_its_minibatches(field: str, term: str) -> None:
+def test_nan_in_one_row_skips_only_its_minibatches(field: str, term: str, backend: str) -> None:
     policy = make_policy()
     rollout = make_rollout(policy)
     getattr(rollout, field)[4, 2] = float("nan")
     before = snapshot(policy.parameters())
-    update = PPOUpdate(policy, PPOConfig(learning_rate=1e-2, update_epochs=3, num_minibatches=3))
+    config = PPOConfig(learning_rate=1e-2, update_epochs=3, num_minibatches=3)
+    update = PPOUpdate(policy, replace(config, grad_backend=backend))
 
     with pytest.warns(RuntimeWarning, match=rf"{term} \(3x\)"):
         metrics = update(policy, rollout, progress=0.0)

@@ -278,6 +278,8 @@ class PPOConfig:
     """Normalize advantages per minibatch."""
     critic_process: bool = False
     """Compute the critic's share of each minibatch step in a second process (a fresh interpreter, numpy only) that polls while an update runs (numpy gradients, Linux, 2+ CPUs): identical results, faster updates where a core is otherwise idle. Off by default: the poll takes a core, which several trainings side by side need (docs/performance.md)."""
+    grad_backend: Literal["auto", "numpy", "torch"] = "auto"
+    """How each minibatch's gradients are computed: numpy (a hand-written backward pass, for MLP policies of one agent on its own observation), torch (autograd on every policy: the reference the numpy pass is tested against; critic_process then does nothing), or auto (numpy where the policy allows it, else torch). The two agree up to float rounding."""
 
     @property
     def separate_optimizers(self) -> bool:

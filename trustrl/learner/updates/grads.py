@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 import trustrl.learner.updates.critic_worker as critic_worker
 from trustrl.acting import kernels
-from trustrl.config import PPOConfig
+from trustrl.config import ConfigError, PPOConfig
 from trustrl.learner.heads import (
     CategoricalHead,
     DiagGaussianHead,
@@ -52,6 +52,7 @@ from trustrl.learner.warn import warn
 
 Terms = dict[str, float]
 Grads = dict[str, Tensor]
+GradBackend = Literal["auto", "numpy", "torch"]
 
 # The loss terms a step's terms may hold (the rest are diagnostics), named as in the
 # progress file.
@@ -105,14 +106,28 @@ class LossSettings:
 
 
 def make_gradients(
-    policy: Policy, config: LossSettings, optimizers: dict[str, Adam], shared: bool = False
+    policy: Policy,
+    config: LossSettings,
+    optimizers: dict[str, Adam],
+    shared: bool = False,
+    backend: GradBackend = "auto",
 ) -> Gradients:
-    """The numpy backend where it covers the policy, autograd otherwise. ``optimizers``
-    may hold only some of the policy's weights (TRPO's critic): the others get no gradient.
+    """The gradient backend ``backend`` names (``ppo.grad_backend``): "auto" takes the
+    numpy one where it covers the policy and autograd otherwise. ``optimizers`` may hold
+    only some of the policy's weights (TRPO's critic): the others get no gradient.
     ``shared``: gradients in shared memory and the critic's share in a worker process
-    (needs optimizers built with ``shared=True``)."""
-    if NumpyGradients.supports(policy):
+    (numpy only; needs optimizers built with ``shared=True``)."""
+    if backend == "torch":
+        return TorchGradients(policy, config, optimizers)
+    reason = NumpyGradients.unsupported(policy)
+    if reason is None:
         return NumpyGradients(policy, config, optimizers, shared)
+    if backend == "numpy":
+        raise ConfigError(
+            f'ppo.grad_backend = "numpy" cannot train this policy: {reason} (the numpy '
+            "gradients cover MLP policies of one agent on its own observation); use "
+            '"auto" or "torch"'
+        )
     return TorchGradients(policy, config, optimizers)
 
 
@@ -203,18 +218,28 @@ class NumpyGradients:
     """The same terms and gradients in numpy, for MLP policies on single observations."""
 
     @staticmethod
-    def supports(policy: Policy) -> bool:
+    def unsupported(policy: Policy) -> str | None:
+        """Why this backend cannot serve ``policy``, or None where it can."""
         head = policy.head
-        gaussian_ok = not isinstance(head, DiagGaussianHead) or head.log_std.dim() == 1
-        return (
-            policy.config.encoder == "mlp"  # the backward pass is the MLP's (kernels.backward)
-            and not policy.per_agent
-            and not policy.agent_id
-            and policy.critic_dim is None
-            and isinstance(head, CategoricalHead | MultiCategoricalHead | DiagGaussianHead)
-            and gaussian_ok
-            and policy.config.activation in ("tanh", "relu")
-        )
+        if policy.config.encoder != "mlp":  # the backward pass is the MLP's (kernels.backward)
+            return f"its encoder is {policy.config.encoder!r}, not the MLP"
+        if policy.per_agent:
+            return "it has one actor per agent"
+        if policy.agent_id:
+            return "its networks read an agent id"
+        if policy.critic_dim is not None:
+            return "its critic reads a global state"
+        if not isinstance(head, CategoricalHead | MultiCategoricalHead | DiagGaussianHead):
+            return f"its action head is a {type(head).__name__}"
+        if isinstance(head, DiagGaussianHead) and head.log_std.dim() != 1:
+            return "its Gaussian log-std is not one vector"
+        if policy.config.activation not in ("tanh", "relu"):
+            return f"its activation is {policy.config.activation}"
+        return None
+
+    @staticmethod
+    def supports(policy: Policy) -> bool:
+        return NumpyGradients.unsupported(policy) is None
 
     def __init__(
         self,
@@ -409,6 +434,7 @@ class NumpyGradients:
             self.worker = None
 
 
-def critic_process_possible(policy: Policy) -> bool:
-    """Whether the critic's share can run in a worker beside this process for ``policy``."""
-    return NumpyGradients.supports(policy) and critic_worker.available()
+def critic_process_possible(policy: Policy, backend: GradBackend = "auto") -> bool:
+    """Whether the critic's share (the numpy backend's) can run in a worker beside this
+    process for ``policy``."""
+    return backend != "torch" and NumpyGradients.supports(policy) and critic_worker.available()

@@ -51,7 +51,7 @@ class PPOUpdate:
         self.base_lr: dict[str, float]
         # The critic's share of each minibatch in a second process (critic_worker.py):
         # weights and gradients then live in shared memory.
-        shared = config.critic_process and critic_process_possible(policy)
+        shared = config.critic_process and critic_process_possible(policy, config.grad_backend)
         # eps=1e-5 rather than Adam's 1e-8: the value of OpenAI baselines' PPO2, kept by
         # CleanRL; it damps steps on weights whose gradients are consistently tiny.
         if config.separate_optimizers:
@@ -69,7 +69,11 @@ class PPOUpdate:
         # Where the system refused shared memory, the optimizers fell back (with a warning).
         self.critic_process = shared and all(o.shared for o in self.optimizers.values())
         self.gradients: Gradients = make_gradients(
-            policy, LossSettings.of(config), self.optimizers, self.critic_process
+            policy,
+            LossSettings.of(config),
+            self.optimizers,
+            self.critic_process,
+            config.grad_backend,
         )
 
     def close(self) -> None:
