@@ -314,8 +314,8 @@ def test_trpo_critic_fit_matches_autograd() -> None:
     torch_update.gradients = make_gradients(twin, LossSettings(), optimizer, backend="torch")
     rollout = make_rollout(policy, "box")
     batch = rollout.flat()
-    got = numpy_update.fit_critic(policy, batch)
-    want = torch_update.fit_critic(twin, rollout.flat())
+    got = numpy_update.fit_critic(policy, batch, {})
+    want = torch_update.fit_critic(twin, rollout.flat(), {})
     np.testing.assert_allclose(
         [got["loss_v"], got["delta_loss_v"]], [want["loss_v"], want["delta_loss_v"]], rtol=1e-4
     )

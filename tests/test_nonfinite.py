@@ -16,6 +16,7 @@ from trustrl.config import resolve
 from trustrl.envs.rows import AgentGroup, GroupObs, GroupStep, NonFiniteError, check_finite
 from trustrl.envs.spaces import SpaceSpec
 from trustrl.normalize import MeanStd
+from trustrl.run.logging import read_progress
 from trustrl.run.trainer import FAILED_UPDATES_LIMIT, Trainer, TrainingError
 
 ENV = "tests.envs:NonFiniteEnv"
@@ -131,6 +132,42 @@ def test_a_run_without_a_successful_update_step_stops(
     ):
         trainer.train()
     assert trainer.iteration == FAILED_UPDATES_LIMIT
+
+
+def test_a_trpo_run_whose_critic_loss_overflows_stops(tmp_path: Path) -> None:
+    """Rewards of 1e30, finite but with a squared error past float32: TRPO skips and
+    counts every critic step, takes no policy step on such a rollout, and the run stops as
+    a PPO run does."""
+    cfg = resolve(
+        ENV,
+        "trpo",
+        overrides={
+            "quiet": True,
+            "total_steps": 10 * 32,
+            "eval_episodes": 0,
+            "run_dir": str(tmp_path / "run"),
+            "env": {
+                "num_envs": 2,
+                "kwargs": {"where": "reward", "at": 1, "value": 1e30, "every": True},
+            },
+            "rollout": {"num_steps": 16},
+            "trpo": {"minibatches": 2, "train_vf_iters": 2},
+        },
+    )
+    trainer = Trainer(cfg)
+    initial = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    with (
+        pytest.warns(RuntimeWarning, match=r"loss_v \(4x\)"),
+        pytest.raises(TrainingError, match="no update step succeeded"),
+    ):
+        trainer.train()
+    assert trainer.iteration == FAILED_UPDATES_LIMIT
+    rows = read_progress(tmp_path / "run" / "progress.csv")
+    assert [row["nonfinite_skips"] for row in rows] == [4.0] * FAILED_UPDATES_LIMIT
+    assert all(math.isnan(row["loss_pi"]) and math.isnan(row["loss_v"]) for row in rows)
+    for name, value in trainer.policy.state_dict().items():
+        if "normalizer" not in name:
+            assert torch.equal(value, initial[name]), name
 
 
 def test_one_good_update_resets_the_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

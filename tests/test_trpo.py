@@ -5,7 +5,8 @@
   Jacobians and an exact expectation over actions (never from the KL the library uses);
 * the trust region: every accepted step is within max_kl (measured again here), every
   rejected one leaves the actor bit for bit as it was;
-* actor and critic are stepped apart; every metric is reported.
+* actor and critic are stepped apart; every metric is reported;
+* a step whose loss is non-finite is skipped and counted.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from trustrl.envs.spaces import SpaceSpec
 from trustrl.learner.losses import value_loss
 from trustrl.learner.policy import Policy
 from trustrl.learner.rollout import Batch, Rollout
+from trustrl.learner.updates.grads import LossSettings, make_gradients
 from trustrl.learner.updates.trpo import (
     TRPOUpdate,
     backtracking_line_search,
@@ -588,7 +590,7 @@ def test_policy_step_and_critic_fit_touch_only_their_own_parameters(kind: str) -
     assert all(p.grad is None for p in policy.parameters())
 
     actor_1 = snapshot(actor)
-    update.fit_critic(policy, batch)
+    update.fit_critic(policy, batch, {})
     assert all(torch.equal(a, b) for a, b in zip(actor, actor_1, strict=True))
     assert all(not torch.equal(a, b) for a, b in zip(critic, critic_0, strict=True))
     assert all(p.grad is None for p in actor)
@@ -637,6 +639,73 @@ def test_update_reports_every_metric(kind: str) -> None:
     assert metrics["loss_v"] > 0
     # train_vf_iters passes: the critic's loss fell from the first pass to the last.
     assert metrics["delta_loss_v"] < 0
+    assert metrics["nonfinite_skips"] == 0.0
+
+
+# Non-finite losses: skipped, counted and said, as PPO's update does.
+
+
+def nonfinite_update(policy: Policy, backend: str) -> TRPOUpdate:
+    update = TRPOUpdate(policy, TRPOConfig(train_vf_iters=3, minibatches=2))
+    if backend == "torch":  # TRPO's critic fit takes the numpy gradients where it can
+        optimizer = {"vf": update.vf_optimizer}
+        update.gradients = make_gradients(policy, LossSettings(), optimizer, backend="torch")
+    return update
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("kind", ["categorical", "gaussian"])
+def test_a_non_finite_return_skips_only_the_critic_steps_it_is_in(kind: str, backend: str) -> None:
+    policy = make_policy(kind, 8, hidden=(8,))
+    rollout = filled_rollout(policy, kind, 8)
+    rollout.returns[3, 1] = math.nan
+    update = nonfinite_update(policy, backend)
+    critic_0 = snapshot(policy.critic_parameters())
+    with pytest.warns(RuntimeWarning, match=r"non-finite loss term: loss_v \(3x\)"):
+        metrics = update(policy, rollout, progress=0.0)
+    # One of the two minibatches of each of the three passes; the others trained.
+    assert metrics["nonfinite_skips"] == 3.0
+    assert math.isfinite(metrics["loss_v"]) and metrics["line_search_accepted"] == 1.0
+    assert all(torch.isfinite(p).all() for p in policy.parameters())
+    critic = policy.critic_parameters()
+    assert not all(torch.equal(a, b) for a, b in zip(critic, critic_0, strict=True))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("kind", ["categorical", "gaussian"])
+def test_a_critic_loss_non_finite_everywhere_trains_nothing(kind: str, backend: str) -> None:
+    """Finite returns whose squared error overflows float32: every critic step is skipped
+    and counted, the policy takes no step on that rollout, and both losses are NaN (what
+    the trainer stops on after a few such iterations). Nothing is poisoned: a finite
+    rollout afterwards trains as before."""
+    policy = make_policy(kind, 8, hidden=(8,))
+    rollout = filled_rollout(policy, kind, 8)
+    rollout.returns.fill_(1e30)
+    update = nonfinite_update(policy, backend)
+    before = snapshot(list(policy.parameters()))
+    with pytest.warns(RuntimeWarning, match=r"non-finite loss term: loss_v \(6x\)"):
+        metrics = update(policy, rollout, progress=0.0)
+    assert metrics["nonfinite_skips"] == 6.0
+    assert math.isnan(metrics["loss_pi"]) and math.isnan(metrics["loss_v"])
+    assert metrics["line_search_accepted"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))
+    metrics = update(policy, filled_rollout(policy, kind, 9), progress=0.0)
+    assert metrics["nonfinite_skips"] == 0.0 and metrics["line_search_accepted"] == 1.0
+    assert all(math.isfinite(metrics[name]) for name in ("loss_pi", "loss_v"))
+
+
+def test_a_non_finite_policy_objective_skips_the_policy_step_only() -> None:
+    policy = make_policy("categorical", 8, hidden=(8,))
+    rollout = filled_rollout(policy, "categorical", 8)
+    rollout.advantages[2, 0] = math.nan
+    update = nonfinite_update(policy, "numpy")
+    actor_0 = snapshot(policy.actor_parameters())
+    with pytest.warns(RuntimeWarning, match=r"non-finite loss term: loss_pi \(1x\)"):
+        metrics = update(policy, rollout, progress=0.0)
+    assert metrics["nonfinite_skips"] == 1.0
+    assert math.isnan(metrics["loss_pi"]) and math.isfinite(metrics["loss_v"])
+    actor = policy.actor_parameters()
+    assert all(torch.equal(a, b) for a, b in zip(actor, actor_0, strict=True))
 
 
 def test_update_state_round_trips() -> None:

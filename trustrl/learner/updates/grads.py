@@ -105,6 +105,19 @@ class LossSettings:
         return cls(config.ent_coef, config.vf_coef, config.vf_clip_coef, config.norm_adv)
 
 
+def warn_skipped(skipped: dict[str, int]) -> None:
+    """Say which loss terms (or gradients) were non-finite, and how often: an update
+    skips those steps (counted in its ``nonfinite_skips``) and goes on."""
+    if skipped:
+        detail = ", ".join(f"{term} ({count}x)" for term, count in skipped.items())
+        warn(
+            f"non-finite loss term: {detail}; those steps were skipped and training goes "
+            "on from the last good weights",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
 def make_gradients(
     policy: Policy,
     config: LossSettings,

@@ -32,8 +32,8 @@ from trustrl.learner.updates.grads import (
     Terms,
     critic_process_possible,
     make_gradients,
+    warn_skipped,
 )
-from trustrl.learner.warn import warn
 
 
 class PPOUpdate:
@@ -145,14 +145,7 @@ class PPOUpdate:
                 self._step(terms, mb_grads, stats, skipped)
         grads.rest()
 
-        if skipped:
-            detail = ", ".join(f"{term} ({count}x)" for term, count in skipped.items())
-            warn(
-                f"non-finite loss term: {detail}; those minibatch steps were skipped and "
-                "training goes on from the last good weights",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        warn_skipped(skipped)
 
         metrics = _summarize(epoch_stats)
         metrics.update(

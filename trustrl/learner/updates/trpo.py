@@ -5,6 +5,12 @@ gradient, where F v is the gradient of (grad KL . v) and F is never formed; scal
 the KL radius, then backtrack until the measured mean KL is within ``max_kl`` and the
 surrogate improved. If no try is accepted, the actor is restored bit for bit.
 Critic: fitted separately by Adam on minibatches, on the same returns as PPO.
+
+A step whose loss or gradient is non-finite is skipped and counted in ``nonfinite_skips``
+(with a warning), as PPO skips its minibatch steps. A rollout on which no critic step was
+finite trains no policy either, as a PPO minibatch with a non-finite term trains nothing:
+both losses are then reported NaN, and the trainer stops after a few such iterations in a
+row (``run/trainer.py``'s ``FAILED_UPDATES_LIMIT``).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from trustrl.learner.losses import explained_variance, normalize_advantages, sur
 from trustrl.learner.optim import Adam
 from trustrl.learner.policy import Policy
 from trustrl.learner.rollout import Batch, Rollout
-from trustrl.learner.updates.grads import LossSettings, make_gradients
+from trustrl.learner.updates.grads import LossSettings, make_gradients, warn_skipped
 
 
 def conjugate_gradient(
@@ -145,13 +151,26 @@ class TRPOUpdate:
     def __call__(self, policy: Policy, rollout: Rollout, progress: float) -> dict[str, float]:
         batch = rollout.flat()
         batch.returns, batch.values = policy.value_targets(batch.returns, batch.values)
-        metrics = self.policy_step(policy, batch)
-        metrics.update(self.fit_critic(policy, batch))
+        skipped: dict[str, int] = {}
+        # The critic first (the two touch disjoint weights, so the order changes no number):
+        # where none of its steps was finite, the policy is not stepped on the rollout.
+        critic = self.fit_critic(policy, batch, skipped)
+        if math.isfinite(critic["loss_v"]):
+            metrics = self.policy_step(policy, batch)
+            if not math.isfinite(metrics["loss_pi"]):
+                skipped["loss_pi"] = 1
+        else:
+            metrics = dict(NO_POLICY_STEP)
+        metrics.update(critic)
         metrics["explained_variance"] = explained_variance(batch.values, batch.returns)
         metrics["learning_rate"] = self.config.vf_lr
+        metrics["nonfinite_skips"] = float(sum(skipped.values()))
+        warn_skipped(skipped)
         return metrics
 
     def policy_step(self, policy: Policy, batch: Batch) -> dict[str, float]:
+        """The natural-gradient step; a non-finite objective, gradient or curvature skips
+        it (``loss_pi`` is then NaN)."""
         cfg = self.config
         params = policy.actor_parameters()
         advantages = normalize_advantages(batch.advantages) if cfg.norm_adv else batch.advantages
@@ -187,8 +206,9 @@ class TRPOUpdate:
             kl = policy.head.kl(old_params, new_params).mean()
             return float(surrogate(logprob, batch.logprob, advantages)), float(kl)
 
+        finite = all(math.isfinite(v) for v in (base, expected_full, curvature))
         tries, accepted = (0, None)
-        if scale > 0 and all(math.isfinite(v) for v in (expected_full, base)):
+        if scale > 0 and finite:
             tries, accepted = backtracking_line_search(
                 evaluate,
                 theta,
@@ -207,7 +227,7 @@ class TRPOUpdate:
             step_norm = float((accepted - theta).norm())
             fraction = cfg.line_search_shrink ** (tries - 1)
         return {
-            "loss_pi": -base,
+            "loss_pi": -base if finite else math.nan,
             "delta_loss_pi": -(new_objective - base),
             "actual_improvement": new_objective - base,
             "expected_improvement": expected_full * fraction,
@@ -219,7 +239,9 @@ class TRPOUpdate:
             "entropy": entropy,
         }
 
-    def fit_critic(self, policy: Policy, batch: Batch) -> dict[str, float]:
+    def fit_critic(self, policy: Policy, batch: Batch, skipped: dict[str, int]) -> dict[str, float]:
+        """Adam on the value loss over minibatch epochs; a step whose loss or gradient is
+        non-finite is skipped (counted in ``skipped``)."""
         cfg = self.config
         grads = self.gradients
         epoch_losses: list[float] = []
@@ -227,13 +249,33 @@ class TRPOUpdate:
             losses = []
             for mb in grads.minibatches(batch, cfg.minibatches, self.generator):
                 terms, mb_grads = grads.step(mb, fit_policy=False, fit_value=True)
-                value = terms["loss_v"]
+                value, grad = terms["loss_v"], mb_grads["vf"]
                 if not math.isfinite(value):
+                    skipped["loss_v"] = skipped.get("loss_v", 0) + 1
                     continue
-                self.vf_optimizer.step(mb_grads["vf"])
+                if not bool(torch.isfinite(grad).all()):
+                    skipped["gradient"] = skipped.get("gradient", 0) + 1
+                    continue
+                self.vf_optimizer.step(grad)
                 losses.append(value)
             if losses:
                 epoch_losses.append(sum(losses) / len(losses))
         if not epoch_losses:
             return {"loss_v": math.nan, "delta_loss_v": math.nan}
         return {"loss_v": epoch_losses[-1], "delta_loss_v": epoch_losses[-1] - epoch_losses[0]}
+
+
+# The policy metrics of an update that took no policy step because no critic step was
+# finite: the losses NaN (as for a PPO update none of whose steps was taken), no step.
+NO_POLICY_STEP = {
+    "loss_pi": math.nan,
+    "delta_loss_pi": math.nan,
+    "actual_improvement": math.nan,
+    "expected_improvement": math.nan,
+    "approx_kl": math.nan,
+    "line_search_steps": 0.0,
+    "line_search_accepted": 0.0,
+    "cg_residual": math.nan,
+    "step_norm": 0.0,
+    "entropy": math.nan,
+}
