@@ -19,7 +19,6 @@ import importlib.util
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +34,8 @@ import pytest
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs trustrl[ray]"),
     pytest.mark.xdist_group("ray"),
+    # A hang inside Ray startup fails the test rather than the CI run.
+    pytest.mark.time_limit(90),
 ]
 
 psutil = pytest.importorskip("psutil")
@@ -44,22 +45,6 @@ from trustrl.remote.cluster import (  # noqa: E402
     create_actor,
     import_ray,
 )
-
-TEST_TIME_LIMIT_S = 90  # a hang inside Ray startup fails the test rather than the CI run
-
-
-@pytest.fixture(autouse=True)
-def time_limit() -> Iterator[None]:
-    def expire(signum: int, frame: Any) -> None:
-        raise TimeoutError(f"Ray test ran past {TEST_TIME_LIMIT_S} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(TEST_TIME_LIMIT_S)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 class Probe:

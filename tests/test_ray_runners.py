@@ -11,7 +11,6 @@ import csv
 import importlib.util
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,25 +22,11 @@ from trustrl.run.trainer import Trainer
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs trustrl[ray]"),
     pytest.mark.xdist_group("ray"),
+    pytest.mark.time_limit(150),
 ]
 
-TEST_TIME_LIMIT_S = 150
 STEPS = 32  # per env and iteration
 CLOCKS = ("sps", "wall_time", "learner_busy", "runner_idle")  # measured time
-
-
-@pytest.fixture(autouse=True)
-def time_limit() -> Iterator[None]:
-    def expire(signum: int, frame: Any) -> None:
-        raise TimeoutError(f"Ray test ran past {TEST_TIME_LIMIT_S} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(TEST_TIME_LIMIT_S)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def config(iterations: int, **runners: Any) -> trustrl.Config:
