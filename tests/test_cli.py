@@ -290,7 +290,8 @@ def test_train_help_shows_the_preset(capsys) -> None:
 
 def test_top_level_usage(capsys) -> None:
     code, out, _ = run_cli([], capsys)
-    assert code == 2 and "usage: trustrl {train,serve,eval,plot,export,presets}" in out
+    assert code == 2 and f"usage: trustrl {{{','.join(cli.COMMANDS)}}} ..." in out
+    assert {"train", "serve", "eval", "plot", "export", "presets", "tune"} <= set(cli.COMMANDS)
     code, out, _ = run_cli(["--help"], capsys)
     assert code == 0
     code, _, err = run_cli(["fly"], capsys)

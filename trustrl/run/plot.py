@@ -1,4 +1,5 @@
-"""Learning curves from run folders: ``trustrl plot RUN_DIR ...``.
+"""Learning curves from run folders: ``trustrl plot RUN_DIR ...``; and the trials of a
+``trustrl tune`` study: ``trustrl plot STUDY_DIR``.
 
 Runs whose configs differ only in ``seed`` (and ``run_dir``, ``quiet``) are one group:
 one curve, the mean over its runs, with a 95% bootstrap band over the runs. matplotlib
@@ -22,6 +23,8 @@ from trustrl.run.logging import read_progress
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+    from trustrl.run.tune import TrialPoint
 
 X_AXES = {"env_steps": "env steps", "wall_time": "wall time (s)"}
 # Config keys that do not change what a run learns: runs that differ only in these
@@ -247,3 +250,79 @@ def _labels(configs: list[dict[str, Any]]) -> list[str]:
         more = f", +{len(differ) - 3} more" if len(differ) > 3 else ""
         labels.append(f"{name}: {extra}{more}" if extra else name)
     return labels
+
+
+def draw_study(points: list[TrialPoint], title: str) -> Figure:
+    """A study's trials: each completed trial's
+    objective, each pruned trial's last evaluation (hollow), the failed ones as marks
+    on the axis, and the best objective so far as a step line."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    figure = Figure(figsize=(8, 5), dpi=100, layout="constrained")
+    axes = figure.add_subplot()
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    complete = [p for p in points if p.state == "complete"]
+    pruned = [p for p in points if p.state == "pruned" and math.isfinite(p.value)]
+    failed = [p for p in points if p.state == "failed"]
+    if complete:
+        axes.plot([p.number for p in complete], [p.value for p in complete], "o", label="completed")
+        best, running = [], -math.inf
+        for point in points:
+            if point.state == "complete":
+                running = max(running, point.value)
+            best.append(running)
+        axes.step(
+            [p.number for p in points],
+            best,
+            where="post",
+            color="black",
+            linewidth=1.2,
+            label="best so far",
+        )
+    if pruned:
+        axes.plot(
+            [p.number for p in pruned],
+            [p.value for p in pruned],
+            "o",
+            markerfacecolor="none",
+            label="pruned (last evaluation)",
+        )
+    if failed:
+        axes.plot(
+            [p.number for p in failed],
+            [0.0] * len(failed),
+            "x",
+            color="red",
+            transform=axes.get_xaxis_transform(),
+            clip_on=False,
+            label="failed",
+        )
+    axes.set_xlabel("trial")
+    axes.set_ylabel("objective (mean of the last evaluations)")
+    axes.set_title(title, fontsize=10)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8, loc="best")
+    return figure
+
+
+def plot_study(
+    study_dir: str | Path, out: str | Path | None = None, title: str | None = None
+) -> tuple[Path, Figure, list[TrialPoint]]:
+    """Draw the trials of the ``trustrl tune`` study in ``study_dir`` into ``out`` (.png
+    or .svg; default ``study.png`` in the study folder)."""
+    from trustrl.run.tune import study_points
+
+    spec, points = study_points(study_dir)
+    if not points:
+        raise PlotError(f"{study_dir}: the study has no finished trial yet")
+    out = Path(out) if out is not None else Path(study_dir) / "study.png"
+    if out.suffix.lower() not in (".png", ".svg"):
+        raise PlotError(f"--out must end in .png or .svg, got {out}")
+    default_title = (
+        f"{spec['algo']} {spec['env_id']}: {len(points)} trials of {spec['budget']:,} env steps"
+    )
+    figure = draw_study(points, title or default_title)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out)
+    return out, figure, points

@@ -1,0 +1,411 @@
+"""``trustrl tune``: small CartPole studies run, prune, resume after a SIGKILL, run their
+trials in child processes and as Ray tasks, and write a preset ``trustrl train`` loads;
+search spaces are checked entry by entry."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from trustrl import cli
+from trustrl.config import list_presets, resolve
+from trustrl.run import tune as tuning
+from trustrl.run.logging import read_progress
+from trustrl.run.space import check_space, default_space, read_space
+
+optuna = pytest.importorskip("optuna")
+
+ROOT = Path(__file__).resolve().parent.parent
+BUDGET = "4096"  # 16 iterations of the CartPole preset's 8 x 32 steps: 8 evaluations
+SPACE = """\
+[ppo.learning_rate]
+low = 1e-3
+high = 3e-3
+log = true
+
+[ppo]
+update_epochs = { low = 5, high = 10 }
+"""
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = cli.main(argv)
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def load(study_dir: Path) -> optuna.Study:
+    return optuna.load_study(study_name=tuning.STUDY_NAME, storage=tuning.storage_url(study_dir))
+
+
+@pytest.fixture(scope="module")
+def space_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("space") / "space.toml"
+    path.write_text(SPACE)
+    return path
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory, space_file: Path) -> tuple[Path, str]:
+    """A study of 3 CartPole trials of 4,096 steps, through the command line."""
+    study_dir = tmp_path_factory.mktemp("tune") / "study"
+    argv = ["tune", "CartPole-v1", "--trials", "3", "--budget", BUDGET]
+    argv += ["--space", str(space_file), "--study-dir", str(study_dir)]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(argv) == 0
+    return study_dir, out.getvalue()
+
+
+def test_a_small_study_runs_and_writes_a_loadable_preset(study: tuple[Path, str]) -> None:
+    study_dir, out = study
+    trials = load(study_dir).trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
+    # Seeds outside the quality table's (101-103) and the tests' (0-10): 1000 + number.
+    assert [t.user_attrs["seed"] for t in trials] == [1000, 1001, 1002]
+    for trial in trials:
+        run_dir = study_dir / "trials" / f"trial_{trial.number:04d}"
+        config = tomllib.loads((run_dir / "config.toml").read_text())
+        assert config["seed"] == 1000 + trial.number and config["total_steps"] == 4096
+        assert config["ppo"]["learning_rate"] == trial.params["ppo.learning_rate"]
+        evaluations = [
+            r["eval_return_mean"]
+            for r in read_progress(run_dir / "progress.csv")
+            if math.isfinite(r["eval_return_mean"])
+        ]
+        assert len(evaluations) == 8  # every 2 of 16 iterations
+        assert sorted(trial.intermediate_values) == [1, 2, 3, 5, 6, 7, 8, 10]
+        assert list(trial.intermediate_values.values()) == evaluations
+        assert trial.value == pytest.approx(sum(evaluations[-3:]) / 3)
+    best = max(trials, key=lambda t: t.value)
+    assert "top 3 of 3 trials" in out and f"#{best.number}" in out
+    assert "parameter importances need 4 completed trials" in out
+    # best.toml is the preset with the best values, and trustrl train takes it.
+    best_file = study_dir / "best.toml"
+    config = resolve("CartPole-v1", "ppo", config_file=best_file)
+    assert config.ppo.learning_rate == best.params["ppo.learning_rate"]
+    assert config.ppo.update_epochs == best.params["ppo.update_epochs"]
+    assert config.total_steps == resolve("CartPole-v1").total_steps  # the preset's budget
+    assert config.seed == 1 and config.run_dir is None  # a trial's own settings stay out
+    assert f"--config {best_file}" in out
+    _known, parsed = cli.parse_train(["CartPole-v1", "--config", str(best_file)])
+    assert parsed == config
+
+
+def test_the_study_plot_draws_every_trial(
+    study: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    study_dir, _ = study
+    out = study_dir.parent / "study.svg"
+    code, printed, err = run_cli(["plot", str(study_dir), "--out", str(out)], capsys)
+    assert code == 0, err
+    assert f"{out}: 3 trials" in printed and out.stat().st_size > 1000
+
+
+def test_a_resumed_study_keeps_its_settings(
+    study: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    study_dir, _ = study
+    argv = ["tune", "--study-dir", str(study_dir), "--budget", "8192"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2
+    assert err.strip() == (
+        f"trustrl: error: the study in {study_dir} was made with budget = 4096, not 8192: "
+        "leave it out to resume the study, or choose a new --study-dir"
+    )
+    # Done already: the same command reports the study and trains nothing.
+    code, out, _ = run_cli(["tune", "--study-dir", str(study_dir)], capsys)
+    assert code == 0 and "3 of 3 trials done" in out and "(seed" not in out
+
+
+def test_one_session_at_a_time(study: tuple[Path, str]) -> None:
+    study_dir, _ = study
+    settings = tuning.plan(study_dir, None, trials=4)
+    with tuning.study_lock(study_dir), pytest.raises(tuning.TuneError, match="in use by"):
+        tuning.tune(settings, announce=lambda line: None)
+
+
+@pytest.mark.filterwarnings("ignore:Fixed parameter")  # 1e-9 is outside the space
+def test_a_trial_that_cannot_learn_is_pruned(tmp_path: Path, space_file: Path) -> None:
+    lines: list[str] = []
+    settings = tuning.plan(
+        tmp_path / "study",
+        "CartPole-v1",
+        budget=int(BUDGET),
+        space=space_file,
+        trials=1,
+        startup_trials=1,
+        warmup=1,
+    )
+    tuning.tune(settings, announce=lines.append)
+    load(settings.study_dir).enqueue_trial({"ppo.learning_rate": 1e-9, "ppo.update_epochs": 5})
+    outcome = tuning.tune(tuning.plan(settings.study_dir, None, trials=2), announce=lines.append)
+    assert outcome.settings.startup_trials == 1 and outcome.settings.warmup == 1  # kept
+    first, second = outcome.study.trials
+    assert first.state == optuna.trial.TrialState.COMPLETE
+    assert second.state == optuna.trial.TrialState.PRUNED
+    assert second.params["ppo.learning_rate"] == 1e-9
+    # It stopped early: fewer evaluations than the 8 of a whole trial.
+    assert len(second.intermediate_values) < 8
+    assert any(line.startswith("trial 1: pruned at") for line in lines)
+
+
+def test_the_study_resumes_after_sigkill(
+    tmp_path: Path, space_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    study_dir = tmp_path / "study"
+    argv = ["tune", "CartPole-v1", "--trials", "3", "--budget", BUDGET]
+    argv += ["--space", str(space_file), "--study-dir", str(study_dir)]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "trustrl.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert child.stdout is not None
+    seen = []
+    for line in child.stdout:  # killed once trial 0 finished and trial 1 is training
+        seen.append(line)
+        if line.startswith("trial 1 (seed 1001)"):
+            break
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    child.stdout.close()
+    assert child.returncode == -signal.SIGKILL, "".join(seen)
+    first_value = float(re.search(r"trial 0: (\S+)", "".join(seen))[1])  # type: ignore[index]
+
+    code, out, err = run_cli(["tune", "--study-dir", str(study_dir)], capsys)
+    assert code == 0, err
+    assert "trial 1 was running when its process ended: marked failed" in out
+    assert "trial 1 queued again with its values and seed" in out
+    trials = load(study_dir).trials
+    state = optuna.trial.TrialState
+    assert [t.state for t in trials] == [state.COMPLETE, state.FAIL, state.COMPLETE, state.COMPLETE]
+    assert round(trials[0].value, 2) == first_value  # the finished trial was kept
+    killed, retry = trials[1], next(t for t in trials if t.user_attrs.get("retry_of") == 1)
+    assert retry.params == killed.params and retry.user_attrs["seed"] == 1001
+    assert tuning.counted(trials, optuna) == 3
+
+
+def test_trials_run_side_by_side_in_child_processes(tmp_path: Path, space_file: Path) -> None:
+    settings = tuning.plan(
+        tmp_path / "study", "CartPole-v1", budget=2048, space=space_file, trials=2, jobs=2
+    )
+    outcome = tuning.tune(settings, announce=lambda line: None)
+    trials = outcome.study.trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    for trial in trials:
+        assert len(trial.intermediate_values) == 8
+        assert (settings.study_dir / "trials" / f"trial_{trial.number:04d}" / "eval.json").is_file()
+    assert outcome.best_file is not None and outcome.best_file.is_file()
+
+
+@pytest.mark.xdist_group("ray")
+@pytest.mark.time_limit(300)
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs trustrl[ray]")
+def test_trials_run_as_ray_tasks(tmp_path: Path, space_file: Path) -> None:
+    from trustrl.remote.tune import RayTrials
+
+    settings = tuning.plan(
+        tmp_path / "study", "CartPole-v1", budget=2048, space=space_file, trials=2, jobs=2
+    )
+    with RayTrials(None, num_cpus=2) as launch:  # a private loopback instance
+        outcome = tuning.tune(settings, launch, announce=lambda line: None)
+    trials = outcome.study.trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    assert all(len(t.intermediate_values) == 8 for t in trials)
+    assert outcome.best_file is not None and outcome.best_file.is_file()
+
+
+BAD_SPACES = {
+    "unknown field": (
+        "[ppo.learning_rat]\nlow = 1e-5\nhigh = 1e-3\n",
+        "ppo.learning_rat: unknown field",
+    ),
+    "unknown section": ("[optim.lr]\nlow = 1\nhigh = 2\n", "optim.lr: no tunable section"),
+    "the other algorithm": ("[trpo.max_kl]\nlow = 0.001\nhigh = 0.1\n", "trpo.max_kl: a ppo study"),
+    "range of strings": (
+        '[ppo.learning_rate]\nlow = "a"\nhigh = 1e-3\n',
+        'ppo.learning_rate: low must be a number, got the string "a"',
+    ),
+    "float bounds of an integer": (
+        "[ppo.update_epochs]\nlow = 1.5\nhigh = 10\n",
+        "ppo.update_epochs: low must be an integer, got the number 1.5",
+    ),
+    "low above high": (
+        "[ppo.clip_coef]\nlow = 0.3\nhigh = 0.1\n",
+        "ppo.clip_coef: low 0.3 is above high 0.1",
+    ),
+    "range of a true/false field": (
+        "[ppo.norm_adv]\nlow = 0\nhigh = 1\n",
+        "ppo.norm_adv: a range needs a numeric field; give choices",
+    ),
+    "a bound the config refuses": (
+        "[ppo.clip_coef]\nlow = 0.1\nhigh = 1.5\n",
+        "ppo.clip_coef: high 1.5 is refused: ppo.clip_coef must be in (0, 1), got 1.5",
+    ),
+    "a choice of the wrong type": (
+        '[policy.activation]\nchoices = ["tanh", "gelu"]\n',
+        "policy.activation: choice 'gelu' is refused: policy.activation must be one of tanh, relu",
+    ),
+    "log scale through zero": (
+        "[ppo.ent_coef]\nlow = 0.0\nhigh = 0.1\nlog = true\n",
+        "ppo.ent_coef: a log scale needs low > 0",
+    ),
+    "a misspelt key": (
+        "[ppo.clip_coef]\nlow = 0.1\nhihg = 0.3\n",
+        "ppo.clip_coef: unknown key hihg",
+    ),
+    "a bare value": ("[ppo]\nclip_coef = 0.1\n", "ppo.clip_coef: an entry is a table"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SPACES))
+def test_a_bad_space_file_is_one_line_naming_the_entry(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text, expected = BAD_SPACES[case]
+    path = tmp_path / "space.toml"
+    path.write_text(text)
+    argv = ["tune", "CartPole-v1", "--space", str(path), "--study-dir", str(tmp_path / "s")]
+    code, _out, err = run_cli(argv, capsys)
+    assert code == 2
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"trustrl: error: space file {path}: {expected}"), err
+    assert not (tmp_path / "s").exists()  # refused before anything was made
+
+
+def test_a_space_file_samples_config_values(tmp_path: Path) -> None:
+    path = tmp_path / "space.toml"
+    path.write_text(
+        '"ppo.learning_rate" = { low = 1e-5, high = 1e-2, log = true }\n'
+        "[ppo.update_epochs]\nlow = 2\nhigh = 20\nstep = 2\n"
+        "[policy]\nhidden_sizes = { choices = [[64, 64], [256, 256]] }\n"
+        'activation = { choices = ["tanh", "relu"] }\n'
+    )
+    space = read_space(str(path), "ppo")
+    assert space.names == [
+        "ppo.learning_rate",
+        "ppo.update_epochs",
+        "policy.hidden_sizes",
+        "policy.activation",
+    ]
+    fixed = optuna.trial.FixedTrial(
+        {
+            "ppo.learning_rate": 3e-4,
+            "ppo.update_epochs": 6,
+            "policy.hidden_sizes": "[256, 256]",  # Optuna's choices are JSON text
+            "policy.activation": "relu",
+        }
+    )
+    values = space.sample(fixed)
+    settings = tuning.plan(tmp_path / "s", "CartPole-v1", budget=512, space=space)
+    config = resolve("CartPole-v1", overrides=settings.trial_overrides(values, 7, tmp_path))
+    assert config.policy.hidden_sizes == (256, 256) and config.policy.activation == "relu"
+    assert config.ppo.update_epochs == 6 and config.seed == 7 and config.target_return is None
+
+
+@pytest.mark.parametrize("algo", ["ppo", "trpo"])
+def test_the_default_space_fits_every_preset(algo: str) -> None:
+    for info in list_presets(algo):
+        if ":" in info.env_id:  # PettingZoo: the same sections, checked by CartPole's
+            continue
+        base = resolve(info.env_id, algo)
+        space = default_space(base, box_actions=True)
+        check_space(space, base)
+        smallest_batch = base.num_envs * min(
+            space.params[space.names.index("rollout.num_steps")].choices
+        )
+        minibatches = "ppo.num_minibatches" if algo == "ppo" else "trpo.minibatches"
+        assert max(space.params[space.names.index(minibatches)].choices) <= smallest_batch
+    names = default_space(resolve("CartPole-v1", algo), box_actions=False).names
+    assert "policy.log_std_init" not in names
+    assert ("ppo.learning_rate" if algo == "ppo" else "trpo.max_kl") in names
+
+
+def test_box_actions_add_the_initial_log_std() -> None:
+    assert "policy.log_std_init" in tuning.plan(None, "Pendulum-v1").space.names
+    assert "policy.log_std_init" not in tuning.plan(None, "CartPole-v1").space.names
+
+
+def test_importances_and_the_top_table(tmp_path: Path) -> None:
+    space = read_space(_write(tmp_path / "s.toml", SPACE), "ppo")
+    settings = tuning.plan(tmp_path / "study", "CartPole-v1", budget=512, space=space)
+    study = optuna.create_study(direction="maximize")
+    for number in range(6):
+        params = {"ppo.learning_rate": 1e-3 * (1 + number / 3), "ppo.update_epochs": 5 + number % 2}
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=params,
+                distributions={
+                    "ppo.learning_rate": optuna.distributions.FloatDistribution(
+                        1e-3, 3e-3, log=True
+                    ),
+                    "ppo.update_epochs": optuna.distributions.IntDistribution(5, 10),
+                },
+                value=100.0 * number,
+                user_attrs={"seed": 1000 + number},
+            )
+        )
+    outcome = tuning.TuneOutcome(study, settings, interrupted=False, best_file=None)
+    found, note = tuning.importances(outcome)
+    assert set(found) == {"ppo.learning_rate", "ppo.update_epochs"}
+    assert note == "parameter importances over 6 completed trials"
+    table = tuning.top_trials_table(outcome, count=3).splitlines()
+    assert table[0] == "top 3 of 6 trials (6 completed):"
+    assert table[1].split() == ["trial", "#5", "#4", "#3"]
+    assert table[2].split() == ["objective", "500.00", "400.00", "300.00"]
+
+
+def _write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def readme_tune_lines() -> list[list[str]]:
+    """The README's ``trustrl tune`` command lines (placeholders included: they must
+    parse too)."""
+    text = (ROOT / "README.md").read_text()
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL):
+        for line in block.splitlines():
+            words = shlex.split(line, comments=True)
+            if words[:2] == ["trustrl", "tune"] and not any(w.startswith("[") for w in words):
+                lines.append(words[2:])
+    return lines
+
+
+def test_the_readme_tune_lines_parse() -> None:
+    lines = readme_tune_lines()
+    assert len(lines) >= 3
+    for argv in lines:
+        cli.tune_parser().parse_args(argv)
+
+
+def test_importing_trustrl_loads_no_optuna() -> None:
+    code = (
+        "import importlib, pkgutil, sys, trustrl\n"
+        "for m in pkgutil.walk_packages(trustrl.__path__, 'trustrl.'):\n"
+        "    if not m.name.endswith('__main__'):\n"
+        "        importlib.import_module(m.name)\n"
+        "print('optuna' in sys.modules)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.split() == ["False"]
