@@ -27,6 +27,7 @@ import dataclasses
 import math
 import os
 import signal
+import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -625,10 +626,16 @@ def write_best(settings: TuneSettings, study: optuna.Study, optuna: ModuleType) 
         f"of its last {LAST_EVALUATIONS} deterministic\n"
         f"# evaluations ({settings.eval_episodes} episodes each), seed "
         f"{best.user_attrs.get('seed')}, {settings.budget:,} env steps.\n"
-        f"# The env's shipped preset with the tuned values ({', '.join(values)}).\n"
-        "# Confirm it at the full budget on other seeds before relying on it:\n"
+        + "".join(
+            f"# {line}\n"
+            for line in textwrap.wrap(
+                f"The env's shipped preset with the tuned values: {', '.join(values)}.", 86
+            )
+        )
+        + "# Confirm it at the full budget on other seeds before relying on it:\n"
         f"#   trustrl train {settings.env_id} --algo {settings.algo} --config {path}\n"
     )
+    # checkpoint.py loads torch, which a study whose trials run elsewhere does not need.
     from trustrl.run.checkpoint import write_atomic
 
     write_atomic(path, header + tomli_w.dumps(table))
