@@ -14,6 +14,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -201,6 +202,40 @@ def test_the_study_resumes_after_sigkill(
     killed, retry = trials[1], next(t for t in trials if t.user_attrs.get("retry_of") == 1)
     assert retry.params == killed.params and retry.user_attrs["seed"] == 1001
     assert tuning.counted(trials, optuna) == 3
+
+
+def test_ctrl_c_stops_the_running_trials_and_the_study_resumes(
+    tmp_path: Path, space_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    study_dir = tmp_path / "study"
+    argv = ["tune", "CartPole-v1", "--trials", "2", "--budget", "16384", "--jobs", "2"]
+    argv += ["--space", str(space_file), "--study-dir", str(study_dir)]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "trustrl.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    progress = [study_dir / "trials" / f"trial_{n:04d}" / "progress.csv" for n in (0, 1)]
+    deadline = time.monotonic() + 120
+    while not all(p.is_file() for p in progress):  # both trials training
+        assert child.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    child.send_signal(signal.SIGINT)
+    out, _ = child.communicate(timeout=120)
+    assert child.returncode == 130, out
+    assert "trial 0: interrupted" in out and "trial 1: interrupted" in out, out
+    assert f"resume the study with:\n  trustrl tune --study-dir {study_dir}" in out
+    for number in (0, 1):  # each stopped at an iteration's end, with a checkpoint
+        assert (study_dir / "trials" / f"trial_{number:04d}" / "checkpoints" / "latest").is_file()
+
+    code, out, err = run_cli(["tune", "--study-dir", str(study_dir), "--jobs", "1"], capsys)
+    assert code == 0, err
+    trials = load(study_dir).trials
+    state = optuna.trial.TrialState
+    assert [t.state for t in trials] == [state.FAIL, state.FAIL, state.COMPLETE, state.COMPLETE]
+    assert [t.user_attrs.get("retry_of") for t in trials[2:]] == [0, 1]
+    assert [t.params for t in trials[2:]] == [t.params for t in trials[:2]]
 
 
 def test_trials_run_side_by_side_in_child_processes(tmp_path: Path, space_file: Path) -> None:

@@ -59,6 +59,8 @@ class RayTrials:
         stream = self._task.remote(job)
         with self.lock:
             self.running.add(stream)
+            if self.stopping:  # submitted as the study was interrupted
+                ray.cancel(stream, force=True)
         ended = False
         try:
             for ref in stream:

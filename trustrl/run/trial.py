@@ -12,6 +12,7 @@ one JSON line per event), or as a Ray task (``trustrl.remote.tune``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -23,7 +24,7 @@ import threading
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from trustrl.config import Config, ConfigError, resolve
 from trustrl.run.logging import read_progress
@@ -100,9 +101,13 @@ def event_from_json(data: dict[str, Any]) -> Event:
     return Ended(**data["ended"])
 
 
-def trial_events(
-    job: TrialJob, stop: threading.Event | None = None
-) -> Generator[Event, None, None]:
+class StopFlag(Protocol):
+    """Asked between two slices whether the trial should stop (``threading.Event``)."""
+
+    def is_set(self) -> bool: ...
+
+
+def trial_events(job: TrialJob, stop: StopFlag | None = None) -> Generator[Event, None, None]:
     """Train the trial slice by slice and yield each evaluation, then how it ended.
 
     ``stop`` set between two slices ends it as interrupted, as does a Ctrl-C during a
@@ -184,6 +189,8 @@ class Subprocesses:
             )
         with self.lock:
             self.children.add(child)
+            if self.stopping:  # started as the study was interrupted
+                child.send_signal(signal.SIGINT)
         try:
             yield from self._events(child, job, log_path)
         finally:
@@ -223,6 +230,27 @@ class Subprocesses:
                     child.send_signal(signal.SIGINT)
 
 
+class _InterruptSeen:
+    """Whether a SIGINT reached this process, whichever Python handler took it: the
+    trainer's during a slice (one that lands as a slice ends is taken there and not acted
+    on), or this process's own between slices. Each signal's number is written to a
+    wakeup pipe (``signal.set_wakeup_fd``; this child's process is its own) before any
+    handler runs."""
+
+    def __init__(self) -> None:
+        self.pipe, write = os.pipe()
+        os.set_blocking(self.pipe, False)
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        self.seen = False
+
+    def is_set(self) -> bool:
+        with contextlib.suppress(BlockingIOError):
+            while data := os.read(self.pipe, 512):
+                self.seen = self.seen or signal.SIGINT in data
+        return self.seen
+
+
 def _exit_when_stdin_closes() -> None:
     """The study's process holds this child's standard input open while it waits for its
     events; when it closes (the study was killed), nobody will read them: exit now."""
@@ -235,12 +263,17 @@ def main() -> int:
     the events on stdout."""
     job = TrialJob.from_json(json.loads(sys.stdin.readline()))
     threading.Thread(target=_exit_when_stdin_closes, daemon=True).start()
-    stop = threading.Event()
-    # Between slices a SIGINT only asks to stop; during one, the trainer's own handler
-    # checkpoints at the iteration's end.
-    signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
-    for event in trial_events(job, stop):
-        print(json.dumps(event_to_json(event)), flush=True)
+    stop = _InterruptSeen()
+    # Between slices a SIGINT only asks to stop (read by ``stop``); during one, the
+    # trainer's own handler checkpoints at the iteration's end.
+    signal.signal(signal.SIGINT, lambda signum, frame: None)
+    # The events keep standard output to themselves; anything else printed there (the
+    # trainer's interrupt note) goes to the log with stderr.
+    with os.fdopen(os.dup(sys.stdout.fileno()), "w") as events:
+        sys.stdout.flush()
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+        for event in trial_events(job, stop):
+            print(json.dumps(event_to_json(event)), file=events, flush=True)
     return 0
 
 
