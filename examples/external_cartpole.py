@@ -6,6 +6,11 @@ Start the learner, then any number of these, each in its own process:
     python examples/external_cartpole.py --name cartpole --address 127.0.0.1:PORT --seed 1
     python examples/external_cartpole.py --name cartpole --address 127.0.0.1:PORT --seed 2
 
+or through the learner's gateway (`trustrl serve ... --listen 127.0.0.1:50051`, a token
+from `trustrl agents add RUN_DIR NAME`; docs/gateway.md), without Ray:
+
+    TRUSTRL_TOKEN=... python examples/external_cartpole.py --name grpc://127.0.0.1:50051
+
 The simulator below is CartPole's physics written out (Barto, Sutton and Anderson 1983,
 as Gymnasium's CartPole-v1 has them, with its 500-step time limit): no Gymnasium here.
 The learner takes the spaces from the env id and evaluates on Gymnasium's CartPole-v1.
@@ -94,7 +99,11 @@ def run(agent, seed: int, seconds: float, pace: float) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--name", default="cartpole", help="the learner's --name")
+    parser.add_argument(
+        "--name",
+        default="cartpole",
+        help="the learner's --name, or its gateway's grpc://HOST:PORT (token: TRUSTRL_TOKEN)",
+    )
     parser.add_argument("--address", default=None, help="the Ray address trustrl serve printed")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seconds", type=float, default=600.0, help="stop after this long")

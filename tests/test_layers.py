@@ -6,8 +6,9 @@
   learner; the trainer starts Ray runners when asked for them).
 * Heavy dependencies stay where they belong, checked in a fresh interpreter per package:
   importing every module of the root, envs and acting layers and of the agent client loads
-  no torch; importing every module but the remote side and the CLI loads no Ray; every
-  module but plot, video and the CLI loads no matplotlib or moviepy.
+  no torch; importing every module but the remote side and the CLI loads no Ray and no
+  grpcio; the agent's gRPC link loads neither torch nor Ray; every module but plot, video
+  and the CLI loads no matplotlib or moviepy.
 """
 
 from __future__ import annotations
@@ -129,6 +130,17 @@ def test_root_envs_acting_and_the_agent_client_import_no_torch() -> None:
 def test_only_the_remote_side_imports_ray() -> None:
     names = _modules_of(*LAYERS[:-1], but=tuple(m for m in modules() if layer(m) == "remote"))
     assert _loaded_after_importing(names, ["ray"]) == []
+
+
+def test_only_the_remote_side_imports_grpc() -> None:
+    names = _modules_of(*LAYERS[:-1], but=tuple(m for m in modules() if layer(m) == "remote"))
+    assert _loaded_after_importing(names, ["grpc"]) == []
+
+
+def test_the_agents_grpc_link_imports_neither_torch_nor_ray() -> None:
+    # What an agent-only machine runs: Agent.connect("grpc://...") and its link.
+    names = ["trustrl.client.agent", "trustrl.remote.grpc_link", "trustrl.remote.thin"]
+    assert _loaded_after_importing(names, ["torch", "ray"]) == []
 
 
 def test_only_plot_and_video_import_matplotlib_and_moviepy() -> None:

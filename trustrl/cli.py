@@ -29,6 +29,7 @@ from trustrl.config import (
 )
 
 if TYPE_CHECKING:
+    from trustrl.remote.gateway import GatewaySettings
     from trustrl.run.evaluation import EvalResult
     from trustrl.run.trainer import Trainer
 
@@ -189,20 +190,31 @@ trustrl serve [ENV_ID] [--name NAME] [--algo ppo] [--preset NAME] [--config FILE
 trustrl serve --resume RUN_DIR [--name NAME] [--runners.ray-address ADDR]
               [--total-steps N]
 
+Either with [--listen HOST:PORT [--tls-cert FILE --tls-key FILE | --insecure]
+             [--max-message-mb N]]
+
 Run a learner for external agents (trustrl.Agent.connect(NAME, address)): applications
 that run their own loop and ship trajectories. It trains as `trustrl train` does (the
 same presets, config and run folder, resumable) on the chunks the agents send. The
 spaces come from ENV_ID, or, for an application with no Gymnasium env, from the config's
 [agent] table (observation_shape, action_kind, action_choices, action_low/high). Without
---runners.ray-address a private Ray instance on loopback is started for the run. All
-flags:
+--runners.ray-address a private Ray instance on loopback is started for the run.
+--listen HOST:PORT also serves agents in any language over gRPC, each with its own token
+(`trustrl agents add RUN_DIR NAME`; docs/gateway.md): on loopback by default, elsewhere
+with TLS (--tls-cert, --tls-key) or --insecure. All flags:
 """
 
 
 def cmd_serve(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="trustrl serve", add_help=False)
     parser.add_argument("--name", default="trustrl")
+    parser.add_argument("--listen", default=None)
+    parser.add_argument("--tls-cert", default=None)
+    parser.add_argument("--tls-key", default=None)
+    parser.add_argument("--insecure", action="store_true")
+    parser.add_argument("--max-message-mb", type=float, default=None)
     named, argv = parser.parse_known_args(argv)
+    gateway = _gateway_settings(named)
     known, rest = _split_train_args(argv)
     if any(a in ("-h", "--help") for a in rest):
         _tyro_config(Config(), ["--help"], SERVE_USAGE, "trustrl serve")
@@ -235,8 +247,78 @@ def cmd_serve(argv: list[str]) -> int:
         overwrite=known.overwrite,
         ray_address=config.runners.ray_address,
         announce=lambda line: print(line, flush=True),
+        gateway=gateway,
     )
     return _ended(trainer, f"trustrl serve --resume {trainer.run_dir} --name {named.name}")
+
+
+def _gateway_settings(named: argparse.Namespace) -> GatewaySettings | None:
+    """``trustrl serve``'s gateway flags, checked before anything starts."""
+    if named.listen is None:
+        if named.tls_cert or named.tls_key or named.insecure or named.max_message_mb:
+            raise UsageError("--tls-cert, --tls-key, --insecure and --max-message-mb need --listen")
+        return None
+    from trustrl.remote.gateway import MAX_MESSAGE_BYTES, GatewaySettings
+
+    size = MAX_MESSAGE_BYTES
+    if named.max_message_mb is not None:
+        size = int(named.max_message_mb * 1024 * 1024)
+    return GatewaySettings(named.listen, named.tls_cert, named.tls_key, named.insecure, size)
+
+
+AGENTS_DESCRIPTION = """\
+The agents a gateway lets in (trustrl serve --listen): one token per agent, kept in
+RUN_DIR/agents.json as a SHA-256 hash (mode 0600) and bound to that learner's run.
+`add` prints the new agent's token once, on its own line (agents send it as gRPC
+metadata, 'authorization: Bearer <token>', or Agent.connect(..., token=...) / the
+TRUSTRL_TOKEN variable); `revoke` takes effect on a running learner at the agent's next
+call. See docs/gateway.md.
+"""
+
+
+def cmd_agents(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="trustrl agents",
+        description=AGENTS_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = parser.add_subparsers(dest="action", required=True)
+    for action, text in (
+        ("add", "issue a token for a new agent NAME (printed once)"),
+        ("list", "the agents, when they were added and revoked"),
+        ("revoke", "refuse NAME's token from now on"),
+    ):
+        sub = actions.add_parser(action, help=text, description=text)
+        sub.add_argument("run_dir", metavar="RUN_DIR", help="the learner's run folder")
+        if action != "list":
+            sub.add_argument("name", metavar="NAME", help="the agent's name")
+    args = parser.parse_args(argv)
+    from trustrl.remote import credentials
+
+    try:
+        if args.action == "add":
+            token = credentials.add(args.run_dir, args.name)
+            print(
+                f"agent {args.name!r} added to {credentials.path_of(args.run_dir)}; its token "
+                "(shown this once, keep it secret):",
+                file=sys.stderr,
+            )
+            print(token)
+        elif args.action == "revoke":
+            credentials.revoke(args.run_dir, args.name)
+            print(f"agent {args.name!r} revoked: its token is refused from its next call")
+        else:
+            run_id, entries = credentials.read(args.run_dir)
+            if run_id is None:
+                print(f"no agents in {args.run_dir} (trustrl agents add {args.run_dir} NAME)")
+                return 0
+            print(f"run {run_id}: {len(entries)} agent(s)")
+            for entry in entries:
+                state = f"revoked {entry.revoked}" if entry.revoked else "active"
+                print(f"  {entry.name:<24} added {entry.added}  {state}")
+    except credentials.CredentialsError as exc:
+        raise UsageError(str(exc)) from None
+    return 0
 
 
 def _ended(trainer: Trainer, resume_command: str) -> int:
@@ -593,6 +675,7 @@ def cmd_tune(argv: list[str]) -> int:
 COMMANDS = {
     "train": cmd_train,
     "serve": cmd_serve,
+    "agents": cmd_agents,
     "eval": cmd_eval,
     "plot": cmd_plot,
     "export": cmd_export,
@@ -613,7 +696,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"usage: trustrl {{{','.join(COMMANDS)}}} ... | trustrl --version\n"
             "       trustrl plot RUN_DIR ... [--out FILE.png|.svg] [--metric NAME] "
             "[--x env_steps|wall_time]\n"
-            "       trustrl export RUN_OR_CHECKPOINT [--format onnx|torchscript] [--out FILE]\n\n"
+            "       trustrl export RUN_OR_CHECKPOINT [--format onnx|torchscript] [--out FILE]\n"
+            "       trustrl agents {add,list,revoke} RUN_DIR [NAME]\n\n"
             + TRAIN_USAGE.split("\n\n")[0]
         )
         return 0 if argv else 2

@@ -142,6 +142,20 @@ class Inference:
             return head.log_prob_of_noise(noise, agent)
         return head.log_prob(head.params(out, mask), actions)
 
+    def log_prob_of(
+        self,
+        x: np.ndarray,
+        actions: np.ndarray,
+        mask: np.ndarray | None,
+        agent: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Log-probabilities (B,) of ``actions`` chosen elsewhere on normalized
+        observations ``x`` (B, obs_dim): for an agent that sampled with its own runtime
+        and sent what it did (remote/thin.py). A Gaussian action is taken as sampled,
+        before any clipping to the space's bounds."""
+        params = self.head.params(self._head_out(x, agent), mask)
+        return self.head.log_prob(params, actions, agent).astype(np.float32, copy=False)
+
     def step(
         self,
         x: np.ndarray,

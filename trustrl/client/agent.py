@@ -61,6 +61,10 @@ MIN_BACKOFF, MAX_BACKOFF = 0.05, 5.0
 WATCH_SECONDS = 5.0
 """The longest an idle agent's long poll for a new policy lasts before it asks again."""
 SEND_BATCH = 256  # chunks per call to the learner
+FULL_PAUSE = 0.5
+"""How long the shipping thread waits when the learner's queue is full and its reply
+names no wait of its own."""
+TOKEN_VARIABLE = "TRUSTRL_TOKEN"
 
 
 class Link(Protocol):
@@ -165,7 +169,14 @@ class Agent:
         self.lock = threading.Condition()
         self.queue: deque[bytes] = deque()
         self.snapshot: tuple[int, Inference] | None = None
-        self.counts = {"shipped": 0, "dropped": 0, "rejected": 0, "retries": 0}
+        self.counts = {
+            "shipped": 0,
+            "dropped": 0,
+            "rejected": 0,
+            "retries": 0,
+            "stale": 0,  # delivered, but of a version the learner no longer trains on
+            "slowed": 0,  # deliveries the learner deferred: its queue was full
+        }
         self.connected = True
         self.finished = False
         self.last_error = ""
@@ -237,19 +248,40 @@ class Agent:
         max_chunk_length: int | None = None,
         queue_size: int | None = None,
         timeout: float = 60.0,
+        token: str | None = None,
+        ca: str | Path | None = None,
     ) -> Agent:
-        """An agent of the learner that ``trustrl serve --name NAME`` runs, on the Ray
-        cluster at ``address`` (the one ``trustrl serve`` printed; default: the
-        ``RAY_ADDRESS`` environment variable)."""
-        from trustrl.remote.serve import RayLink
+        """An agent of a ``trustrl serve`` learner.
 
-        address = address or os.environ.get("RAY_ADDRESS")
-        if not address:
-            raise ValueError(
-                "Agent.connect needs the Ray address of the learner's cluster: "
-                "address='HOST:PORT' as `trustrl serve` printed it (or set RAY_ADDRESS)"
-            )
-        link = RayLink(name, address, timeout=timeout)
+        Through its gateway: ``name`` is the URL it printed, ``grpc://HOST:PORT`` (or
+        ``grpcs://`` with TLS; ``ca``: a PEM file of the certificates to trust, default
+        the system's), and ``token`` this agent's (``trustrl agents add``; default: the
+        ``TRUSTRL_TOKEN`` environment variable). No Ray is imported.
+
+        Through Ray, for trusted processes inside the cluster: ``name`` is the learner's
+        ``--name``, on the cluster at ``address`` (the one ``trustrl serve`` printed;
+        default: the ``RAY_ADDRESS`` environment variable)."""
+        link: Link
+        if name.startswith(("grpc://", "grpcs://")):
+            from trustrl.remote.grpc_link import GrpcLink
+
+            token = token or os.environ.get(TOKEN_VARIABLE)
+            if not token:
+                raise ValueError(
+                    f"Agent.connect({name!r}) needs this agent's token: token='...' as "
+                    f"`trustrl agents add RUN_DIR NAME` printed it (or set {TOKEN_VARIABLE})"
+                )
+            link = GrpcLink(name, token, ca=ca, timeout=timeout)
+        else:
+            from trustrl.remote.serve import RayLink
+
+            address = address or os.environ.get("RAY_ADDRESS")
+            if not address:
+                raise ValueError(
+                    "Agent.connect needs the Ray address of the learner's cluster: "
+                    "address='HOST:PORT' as `trustrl serve` printed it (or set RAY_ADDRESS)"
+                )
+            link = RayLink(name, address, timeout=timeout)
         try:
             return cls(
                 link,
@@ -544,7 +576,9 @@ class Agent:
 
     def _count(self, reply: dict[str, Any]) -> None:
         """An inbox's reply to a delivered chunk, counted (under the lock)."""
-        if reply.get("ok"):
+        if reply.get("stale"):  # delivered, and dropped: its version is too old
+            self.counts["stale"] += 1
+        elif reply.get("ok"):
             self.counts["shipped"] += 1
         else:
             self.counts["rejected"] += 1
@@ -585,15 +619,23 @@ class Agent:
                 # One call for everything queued: a call per chunk would need the
                 # interpreter lock per chunk, which a busy application loop holds.
                 replies = self.link.submit_many(batch)
+                pause = 0.0  # back-pressure: the learner asks this agent to slow down
                 with self.lock:
                     for data, reply in zip(batch, replies, strict=True):
+                        pause = max(pause, float(reply.get("slow_down", 0.0)))
                         if reply.get("retry"):
-                            raise LinkError("the learner is starting")
+                            if not reply.get("full"):
+                                raise LinkError("the learner is starting")
+                            pause = max(pause, FULL_PAUSE)  # its queue is full: keep the rest
+                            self.counts["slowed"] += 1
+                            break
                         if self.queue and self.queue[0] is data:  # not dropped meanwhile
                             self.queue.popleft()
                         self._count(reply)
                     self.connected = True
                     self.lock.notify_all()
+                    if pause > 0:
+                        self.lock.wait_for(lambda: self.closed, pause)
                 backoff = MIN_BACKOFF
             except Exception as exc:  # a LinkError, or anything else: never end the thread
                 backoff = self._back_off(exc, backoff)

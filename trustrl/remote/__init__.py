@@ -1,5 +1,6 @@
 """The remote side: Ray (the cluster, the runners, ``trustrl serve``) and the external
-agents' learner side (the inbox, the wire format). The only layer that imports Ray.
+agents' learner side (the inbox, the wire format, the gateway). The only layer that
+imports Ray or grpcio.
 
 * ``cluster.py``: the Ray instance of a run (``RayCluster``), ``import_ray``, and
   ``create_actor``, through which every actor is made;
@@ -11,7 +12,11 @@ agents' learner side (the inbox, the wire format). The only layer that imports R
 * ``external.py``: ``ExternalRunner`` (the learner's ``Runner`` over an inbox), packing,
   the spaces and settings of a learner for external agents;
 * ``serve.py``: ``trustrl serve``, the inbox as a named Ray actor, and ``RayLink``, an
-  agent's way to it.
+  agent's way to it;
+* ``gateway.py``: ``trustrl serve --listen``, the gRPC gateway in front of the inbox
+  (``proto/`` its schema, ``messages.py`` its messages, ``thin.py`` thin chunks,
+  ``credentials.py`` the agents' tokens), and ``grpc_link.py``, an agent's way to it
+  (grpcio, no Ray, no torch).
 
 Nothing here imports Ray at module import time: ``import trustrl.remote`` stays
 cheap, and Ray (the optional ``trustrl[ray]`` extra) is imported on first use.

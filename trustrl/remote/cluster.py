@@ -33,6 +33,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
@@ -234,6 +235,7 @@ class RayCluster:
         )
         self._connected = True
         self.started_instance = True
+        restrict_token_file()
         self.address = context.address_info["gcs_address"]
         self.node_ip_address = context.address_info["node_ip_address"]
         self._verify_local(ray)
@@ -285,6 +287,25 @@ class RayCluster:
         self._connected = True
         self.address = context.address_info.get("gcs_address") or ray_address
         self.node_ip_address = context.address_info.get("node_ip_address")
+
+
+def token_file() -> Path:
+    """Where Ray 2.60 writes the token a new local instance generates when it finds
+    none (``ray._private.authentication``): ``~/.ray/auth_token``."""
+    return Path.home() / ".ray" / "auth_token"
+
+
+def restrict_token_file() -> None:
+    """Make the token file readable by its owner alone: Ray writes it with the process's
+    umask (world-readable, usually), and whoever reads it can run any code on the
+    instance. Only a file of this user's is touched."""
+    path = token_file()
+    try:
+        stat = path.stat()
+        if stat.st_uid == os.getuid() and stat.st_mode & 0o077:
+            path.chmod(stat.st_mode & 0o700)
+    except FileNotFoundError:
+        pass
 
 
 def _check_token_required(host: str, port: int) -> None:

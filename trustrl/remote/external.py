@@ -297,6 +297,15 @@ def pack(group: AgentGroup, chunks: Sequence[Chunk], num_steps: int) -> GroupBat
     )
 
 
+def queue_capacity(config: Config, groups: Sequence[AgentGroup]) -> int:
+    """The steps an inbox queues before it asks agents to slow down (Inbox's
+    ``capacity``): ``runners.max_version_lag + 1`` batches. A chunk queued behind more
+    would reach the learner more than ``max_version_lag`` updates after it arrived, and be
+    drained unread."""
+    batch = sum(config.num_envs * config.rollout.num_steps * g.num_agents for g in groups)
+    return (config.runners.max_version_lag + 1) * batch
+
+
 def max_chunk(config: Config) -> int:
     """The longest chunk a learner accepts: agents may choose their own chunk length,
     within reason (a batch's rows, or 100,000 steps)."""

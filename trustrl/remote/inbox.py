@@ -47,7 +47,10 @@ class Inbox:
     ``groups`` are the learner's agent groups (chunks are checked against their spaces),
     ``info`` what ``info()`` tells an agent (external.learner_info), ``spool`` the folder
     chunks are written to before they are acknowledged (None: kept in memory only),
-    ``max_length`` the longest chunk accepted.
+    ``max_length`` the longest chunk accepted, ``capacity`` the most steps queued before
+    a delivery is answered ``full`` (None: no bound): past a few batches' worth, what an
+    agent sends would be drained for version lag before the learner reached it, so it
+    is better kept by the agent, which slows its shipping.
     """
 
     def __init__(
@@ -56,8 +59,11 @@ class Inbox:
         info: dict[str, Any],
         spool: str | Path | None = None,
         max_length: int = 1_000_000,
+        capacity: int | None = None,
     ) -> None:
         self.groups = list(groups)
+        self.capacity = capacity
+        self.queued_steps = 0  # the steps of the chunks in the queue
         self._info = info
         self.max_length = max_length
         self.spool = Path(spool) if spool is not None else None
@@ -90,6 +96,7 @@ class Inbox:
                 damaged.append(f"{path.name} ({exc}) -> {kept.relative_to(spool)}")
                 continue
             self.queue.append((seq, where, chunk))
+            self.queued_steps += len(chunk)
             self.seen.add((chunk.source, chunk.seq))
             self.next_seq = max(self.next_seq, seq + 1)
         self.damaged = len(damaged)
@@ -110,18 +117,21 @@ class Inbox:
 
     def submit(self, data: bytes) -> dict[str, Any]:
         """Deliver one chunk. The reply: ``ok`` (accepted, or already had), ``retry`` (not
-        taken now: the learner has not published a policy yet; send it again later),
-        or ``error`` (refused for good, with why)."""
+        taken now: the learner has not published a policy yet, or with ``full`` its
+        queue holds ``capacity`` steps; send it again later), or ``error`` (refused for
+        good, with why, and ``reason``, the check: wire.REASONS)."""
         with self.condition:
             if self.snapshot is None:
                 return {"ok": False, "retry": True}
+            if self.capacity is not None and self.queued_steps >= self.capacity:
+                return {"ok": False, "retry": True, "full": True}
         try:
             where, chunk = decode_chunk(data, self.groups, self.max_length)
         except ChunkError as exc:
             with self.condition:
                 self.rejected += 1
                 self.last_error = str(exc)
-            return {"ok": False, "error": str(exc)}
+            return {"ok": False, "error": str(exc), "reason": exc.reason}
         with self.condition:
             key = (chunk.source, chunk.seq)
             if key in self.seen:  # sent again after a lost acknowledgement
@@ -133,6 +143,7 @@ class Inbox:
                 _write_spool(self.spool, seq, data)
             self.seen.add(key)
             self.queue.append((seq, where, chunk))
+            self.queued_steps += len(chunk)
             self.received += 1
             self.condition.notify_all()
             return {"ok": True}
@@ -186,6 +197,7 @@ class Inbox:
                 "version": self._version(),
                 "finished": self.finished,
                 "queued": len(self.queue),
+                "queued_steps": self.queued_steps,
                 "received": self.received,
                 "rejected": self.rejected,
                 "duplicates": self.duplicates,
@@ -221,6 +233,7 @@ class Inbox:
             taken, drained, last = [], 0, -1
             while self.queue and any(n > 0 for n in needs):
                 seq, where, chunk = self.queue.popleft()
+                self.queued_steps -= len(chunk)
                 last = max(last, seq)
                 if abs(version - chunk.version) > max_lag:
                     drained += 1  # too stale, or of a version lost to a resume
@@ -235,6 +248,7 @@ class Inbox:
         resumed learner whose spool was empty (a lower one would be released unread)."""
         with self.condition:
             self.queue = deque(item for item in self.queue if item[0] > upto)
+            self.queued_steps = sum(len(chunk) for _, _, chunk in self.queue)
             self.next_seq = max(self.next_seq, upto + 1)
             self.condition.notify_all()
         if self.spool is None or not self.spool.is_dir():

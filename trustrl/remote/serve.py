@@ -12,10 +12,11 @@ learner stops, the name is free, agents queue, and a resumed learner
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trustrl.config import Config, ConfigError
 from trustrl.remote.cluster import RayCluster, create_actor, import_ray
@@ -25,9 +26,13 @@ from trustrl.remote.external import (
     learner_config,
     learner_info,
     max_chunk,
+    queue_capacity,
 )
 from trustrl.remote.inbox import Inbox
 from trustrl.remote.wire import LinkError
+
+if TYPE_CHECKING:
+    from trustrl.remote.gateway import GatewaySettings
 
 NAMESPACE = "trustrl"
 LINGER_SECONDS = 2.0
@@ -43,7 +48,9 @@ that, a long poll waits for a free thread, which the agent sees as a slow answer
 
 
 class RemoteInbox:
-    """The learner's side of the inbox actor, with the Inbox's learner-side methods."""
+    """The learner's side of the inbox actor, with the Inbox's learner-side methods, and
+    the agents' ``submit_many`` and ``status`` for the gateway (gateway.py) in the serving
+    process."""
 
     def __init__(self, handle: Any) -> None:
         self.ray = import_ray()
@@ -62,6 +69,20 @@ class RemoteInbox:
 
     def finish(self) -> None:
         self.ray.get(self.handle.finish.remote())
+
+    def submit_many(self, chunks: list[bytes]) -> list[dict[str, Any]]:
+        return list(self._agents_call("submit_many", chunks))
+
+    def status(self) -> dict[str, Any]:
+        return dict(self._agents_call("status"))
+
+    def _agents_call(self, method: str, *args: Any) -> Any:
+        """An agent's call, made by the gateway: a failure is a LinkError (the gateway
+        answers UNAVAILABLE, and the agent retries)."""
+        try:
+            return self.ray.get(getattr(self.handle, method).remote(*args), timeout=CALL_SECONDS)
+        except self.ray.exceptions.RayError as exc:
+            raise LinkError(f"the inbox actor: {type(exc).__name__}") from None
 
 
 class RayLink:
@@ -132,9 +153,11 @@ def serve(
     overwrite: bool = False,
     ray_address: str | None = None,
     announce: Any = print,
+    gateway: GatewaySettings | None = None,
 ) -> Any:
     """Run the learner ``name`` until ``total_steps`` (or Ctrl-C); returns the Trainer.
-    ``announce`` gets the line that tells agents where to connect."""
+    ``announce`` gets the lines that tell agents where to connect; ``gateway``: also
+    serve agents over gRPC (gateway.py), in this process."""
     from trustrl.run.trainer import Trainer, check_new_run_folder, default_run_dir
 
     config, notes = learner_config(config)
@@ -147,12 +170,19 @@ def serve(
             shutil.rmtree(spool)  # an earlier run's chunks are not this run's
     cluster = RayCluster(ray_address or config.runners.ray_address)
     cluster.start()  # first: it chooses the mode Ray is imported in (cluster.py)
+    server = None
     try:
         ray = import_ray()
         try:
             handle = create_actor(
                 Inbox,
-                (groups, learner_info(config, groups), str(spool), max_chunk(config)),
+                (
+                    groups,
+                    learner_info(config, groups),
+                    str(spool),
+                    max_chunk(config),
+                    queue_capacity(config, groups),
+                ),
                 num_cpus=0,
                 node_id=ray.get_runtime_context().get_node_id(),  # the spool is in the run folder
                 name=name,
@@ -166,7 +196,22 @@ def serve(
                 f"--name {name!r}: a learner of that name is already serving on this cluster "
                 f"({exc})"
             ) from None
-        runner = ExternalRunner(config, groups, RemoteInbox(handle))
+        inbox: Any = RemoteInbox(handle)
+        if gateway is not None:
+            from trustrl.remote.gateway import gateway_for, start_server
+
+            info = learner_info(config, groups)
+            front = gateway_for(config, groups, info, inbox, folder, gateway, max_chunk(config))
+            inbox = front.watch(inbox)
+            server, where = start_server(
+                front, gateway, lambda line: print(line, file=sys.stderr, flush=True)
+            )
+            url = f"{'grpcs' if gateway.tls_cert else 'grpc'}://{where}"
+            announce(
+                f"gateway on {url}: agents connect with trustrl.Agent.connect({url!r}, "
+                f"token=...), each with a token of `trustrl agents add {folder} NAME`"
+            )
+        runner = ExternalRunner(config, groups, inbox)
         trainer = Trainer(config, folder, resume=resume, overwrite=overwrite, runner=runner)
         trainer.notes += notes
         runner.publish(trainer.snapshot())
@@ -181,4 +226,8 @@ def serve(
             time.sleep(LINGER_SECONDS)
         return trainer
     finally:
+        if server is not None:
+            from trustrl.remote.gateway import stop_server
+
+            stop_server(server)
         cluster.shutdown()

@@ -31,6 +31,7 @@ import numpy as np
 
 from trustrl.contract import GroupSnapshot, PolicySnapshot
 from trustrl.envs.rows import AgentGroup
+from trustrl.envs.spaces import SpaceSpec
 from trustrl.normalize import RunningStats
 
 CHUNK_FORMAT = "trustrl-chunk/1"
@@ -41,8 +42,32 @@ in the next chunk (both bootstrapped from the chunk's last value)."""
 MAX_CHUNK_BYTES = 64 * 1024 * 1024
 
 
+REASONS = (
+    "payload",  # not a chunk: not safetensors, another format, over the size limit
+    "agent",  # an agent id the learner does not have
+    "metadata",  # a metadata entry missing or malformed
+    "ending",  # not one of ENDINGS
+    "numbering",  # a negative version or seq
+    "unknown_array",  # an array the format does not have
+    "length",  # no steps, or more than the learner accepts
+    "missing_array",  # a required array absent
+    "array",  # an array of the wrong dtype or shape
+    "not_finite",  # NaN or infinite values
+    "action_range",  # discrete actions outside the space
+    "mask",  # an action mask where the policy takes none
+    "obs_stats",  # observation statistics that do not add up
+)
+"""Why a chunk was refused, one word per check of ``decode_chunk`` (ChunkError.reason):
+what the gateway counts refusals by."""
+
+
 class ChunkError(ValueError):
-    """A chunk that does not fit the learner's spaces; the message says what and where."""
+    """A chunk that does not fit the learner's spaces; the message says what and where,
+    ``reason`` which check refused it (one of REASONS)."""
+
+    def __init__(self, message: str, reason: str = "payload") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class LinkError(ConnectionError):
@@ -100,6 +125,7 @@ class Chunk:
     obs_delta: RunningStats | None  # the raw observations seen
     episode_return: float | None  # raw return of the episode this chunk ended, if it did
     episode_length: int | None
+    sender: str = ""  # the gateway's name for the agent that sent it (its token's)
 
     def __len__(self) -> int:
         return len(self.logprob)
@@ -129,6 +155,8 @@ def encode_chunk(chunk: Chunk) -> bytes:
         tensors["obs_mean"] = chunk.obs_delta.mean
         tensors["obs_m2"] = chunk.obs_delta.m2
         metadata["obs_count"] = repr(chunk.obs_delta.count)
+    if chunk.sender:
+        metadata["sender"] = chunk.sender
     if chunk.episode_return is not None:
         metadata["episode_return"] = repr(chunk.episode_return)
         metadata["episode_length"] = str(chunk.episode_length)
@@ -166,11 +194,6 @@ def decode_chunk(
     which field was wrong and how."""
     metadata, tensors = _parse(data, CHUNK_FORMAT)
     agent = metadata.get("agent", "")
-    where = next((i for i, g in enumerate(groups) if agent in g.agents), None)
-    if where is None:
-        names = [a for g in groups for a in g.agents]
-        raise ChunkError(f"agent {agent!r} is not one of the learner's agents {names}")
-    spec = groups[where].spec
     try:
         seq, version = int(metadata["seq"]), int(metadata["version"])
         ending, source = metadata["ending"], metadata["source"]
@@ -178,19 +201,21 @@ def decode_chunk(
         episode_return = float(metadata["episode_return"]) if "episode_return" in metadata else None
         episode_length = int(metadata["episode_length"]) if "episode_length" in metadata else None
     except (KeyError, ValueError) as exc:
-        raise ChunkError(f"metadata {sorted(metadata)}: missing or malformed ({exc})") from None
-    if ending not in ENDINGS:
-        raise ChunkError(f"ending {ending!r}; allowed: {', '.join(ENDINGS)}")
-    if version < 0 or seq < 0:
-        raise ChunkError(f"version {version} and seq {seq} must be >= 0")
+        raise ChunkError(
+            f"metadata {sorted(metadata)}: missing or malformed ({exc})", "metadata"
+        ) from None
+    if episode_return is not None and not math.isfinite(episode_return):
+        raise ChunkError(f"episode_return {episode_return} is not finite", "metadata")
+    where = check_header(groups, agent, ending, version, seq)
+    spec = groups[where].spec
     allowed = {"obs", "actions", "logprob", "values", "rewards", "action_mask"}
     allowed |= {"obs_mean", "obs_m2"}
     unknown = sorted(set(tensors) - allowed)
     if unknown:
-        raise ChunkError(f"unknown arrays {unknown}; allowed: {sorted(allowed)}")
+        raise ChunkError(f"unknown arrays {unknown}; allowed: {sorted(allowed)}", "unknown_array")
     length = len(tensors["logprob"]) if "logprob" in tensors else 0
     if not 1 <= length <= max_length:
-        raise ChunkError(f"a chunk holds 1 to {max_length:,} steps, got {length}")
+        raise ChunkError(f"a chunk holds 1 to {max_length:,} steps, got {length}", "length")
     expected: dict[str, tuple[tuple[int, ...], Any]] = {
         "obs": ((length, spec.obs_dim), np.float32),
         "actions": ((length, *spec.action_shape), spec.action_dtype),
@@ -201,32 +226,21 @@ def decode_chunk(
     if spec.mask_dim is not None and "action_mask" in tensors:
         expected["action_mask"] = ((length, spec.mask_dim), np.bool_)
     elif "action_mask" in tensors:
-        raise ChunkError("action_mask sent for a policy without action masks")
+        raise ChunkError("action_mask sent for a policy without action masks", "mask")
     if count is not None:
         expected["obs_mean"] = ((spec.obs_dim,), np.float64)
         expected["obs_m2"] = ((spec.obs_dim,), np.float64)
-    for name, (shape, dtype) in expected.items():
-        if name not in tensors:
-            raise ChunkError(f"array {name!r} is missing")
-        array = tensors[name]
-        if array.shape != shape or array.dtype != dtype:
-            raise ChunkError(
-                f"array {name!r} is {array.dtype}{list(array.shape)}, expected "
-                f"{np.dtype(dtype)}{list(shape)}"
-            )
-        if array.dtype.kind == "f" and not np.isfinite(array).all():
-            raise ChunkError(f"array {name!r} holds NaN or infinite values")
+    check_arrays(tensors, expected)
     actions = tensors["actions"]
-    if spec.action_kind != "box":
-        high = np.asarray(spec.nvec)
-        if ((actions < 0) | (actions >= high)).any():
-            raise ChunkError(f"actions outside 0..{[n - 1 for n in spec.nvec]}")
+    check_actions(spec, actions)
     delta = None
     if count is not None:
         if not (count == length and math.isfinite(count)):
-            raise ChunkError(f"obs_count {count} must equal the chunk's {length} steps")
+            raise ChunkError(
+                f"obs_count {count} must equal the chunk's {length} steps", "obs_stats"
+            )
         if (tensors["obs_m2"] < 0).any():
-            raise ChunkError("obs_m2 must be >= 0")
+            raise ChunkError("obs_m2 must be >= 0", "obs_stats")
         delta = RunningStats(count, tensors["obs_mean"], tensors["obs_m2"])
     chunk = Chunk(
         agent,
@@ -243,5 +257,52 @@ def decode_chunk(
         delta,
         episode_return if ending != "cut" else None,
         episode_length if ending != "cut" else None,
+        metadata.get("sender", ""),
     )
     return where, chunk
+
+
+def check_header(
+    groups: Sequence[AgentGroup], agent: str, ending: str, version: int, seq: int
+) -> int:
+    """The index of the group ``agent`` is in, for a chunk whose ending and numbering are
+    valid; a ChunkError names what is not."""
+    where = next((i for i, g in enumerate(groups) if agent in g.agents), None)
+    if where is None:
+        names = [a for g in groups for a in g.agents]
+        raise ChunkError(
+            f"agent {agent[:80]!r} is not one of the learner's agents {names}", "agent"
+        )
+    if ending not in ENDINGS:
+        raise ChunkError(f"ending {ending[:80]!r}; allowed: {', '.join(ENDINGS)}", "ending")
+    if version < 0 or seq < 0:
+        raise ChunkError(f"version {version} and seq {seq} must be >= 0", "numbering")
+    return where
+
+
+def check_arrays(
+    tensors: dict[str, np.ndarray], expected: dict[str, tuple[tuple[int, ...], Any]]
+) -> None:
+    """Each array of ``expected`` (name: (shape, dtype)) is in ``tensors``, of that shape
+    and dtype, and finite if it is of floats; a ChunkError names the first that is not."""
+    for name, (shape, dtype) in expected.items():
+        if name not in tensors:
+            raise ChunkError(f"array {name!r} is missing", "missing_array")
+        array = tensors[name]
+        if array.shape != shape or array.dtype != dtype:
+            raise ChunkError(
+                f"array {name!r} is {array.dtype}{list(array.shape)}, expected "
+                f"{np.dtype(dtype)}{list(shape)}",
+                "array",
+            )
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise ChunkError(f"array {name!r} holds NaN or infinite values", "not_finite")
+
+
+def check_actions(spec: SpaceSpec, actions: np.ndarray) -> None:
+    """Discrete actions within their space (a Box action may be anything finite: the env
+    clips it)."""
+    if spec.action_kind != "box":
+        high = np.asarray(spec.nvec)
+        if ((actions < 0) | (actions >= high)).any():
+            raise ChunkError(f"actions outside 0..{[n - 1 for n in spec.nvec]}", "action_range")

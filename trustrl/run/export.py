@@ -81,17 +81,54 @@ class DeployedActor(nn.Module):
         self.requires_grad_(False)  # inference only: outputs carry no autograd graph
 
     def forward(self, obs: Tensor, action_mask: Tensor | None = None) -> Tensor:
+        return self.mode(self.params(obs, action_mask))
+
+    def params(self, obs: Tensor, action_mask: Tensor | None) -> Tensor:
+        """The action head's distribution parameters for raw observations."""
         x = obs.to(torch.float32).reshape(-1, self.obs_dim)
         if self.normalize:
             x = ((x - self.obs_mean) * self.obs_scale).clamp(-self.obs_clip, self.obs_clip)
         mask = action_mask.to(torch.bool) if action_mask is not None else None
-        params = self.head.forward(self.actor(x), mask)
+        params: Tensor = self.head.forward(self.actor(x), mask)
+        return params
+
+    def mode(self, params: Tensor) -> Tensor:
+        """The deterministic env action of the parameters."""
         actions: Tensor = self.head.mode(params)
         if self.kind == "box":
             # np.clip(a, low, high) in SpaceSpec.to_env is min(max(a, low), high).
             actions = torch.minimum(torch.maximum(actions, self.low), self.high)
             actions = actions.reshape((-1, *self.env_action_shape))
         return actions
+
+
+class SamplingActor(DeployedActor):
+    """``DeployedActor`` with a second output, ``params``, for an agent that samples its
+    actions itself (the gateway's ONNX model, remote/gateway.py): Discrete and
+    MultiDiscrete: the log-probabilities (masked), the components' blocks side by side;
+    Box: the means, then the log standard deviations."""
+
+    def forward(  # type: ignore[override]
+        self, obs: Tensor, action_mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        params = self.params(obs, action_mask)
+        return self.mode(params), params
+
+
+def onnx_model(policy: Policy, info: dict[str, Any]) -> bytes:
+    """``policy``'s ``SamplingActor`` as ONNX bytes (outputs ``action`` and ``params``;
+    ``info`` goes into its ``trustrl`` metadata entry)."""
+    import tempfile
+
+    if policy.per_agent or policy.agent_id:
+        raise ExportError("a multi-agent policy needs an agent input this export does not have")
+    inputs, outputs = describe_io(policy)
+    info = {**info, "spec": policy.spec.to_json(), "inputs": inputs, "outputs": outputs}
+    module = SamplingActor(policy).eval()
+    with tempfile.TemporaryDirectory(prefix="trustrl-onnx-") as folder:
+        path = Path(folder) / "policy.onnx"
+        _export_onnx(module, _example_inputs(policy), path, info, ("action", "params"))
+        return path.read_bytes()
 
 
 @dataclass(frozen=True)
@@ -193,7 +230,11 @@ def _names(example: tuple[Tensor, ...]) -> list[str]:
 
 
 def _export_onnx(
-    module: DeployedActor, example: tuple[Tensor, ...], path: Path, info: dict[str, Any]
+    module: DeployedActor,
+    example: tuple[Tensor, ...],
+    path: Path,
+    info: dict[str, Any],
+    outputs: tuple[str, ...] = ("action",),
 ) -> None:
     names = _names(example)
     # torch >= 2.9 defaults to the torch.export-based ("dynamo") exporter, which needs
@@ -208,8 +249,8 @@ def _export_onnx(
             example,
             str(path),
             input_names=names,
-            output_names=["action"],
-            dynamic_axes={name: {0: "batch"} for name in [*names, "action"]},
+            output_names=list(outputs),
+            dynamic_axes={name: {0: "batch"} for name in [*names, *outputs]},
             opset_version=ONNX_OPSET,
             dynamo=False,
         )

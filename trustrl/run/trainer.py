@@ -153,6 +153,11 @@ def whole_iterations(config: Config) -> tuple[Config, str | None]:
     return dataclasses.replace(config, total_steps=steps), note
 
 
+BEFORE_RUN = ("agents.json", ".agents.json.lock")
+"""What a new run's folder may hold already: the agents a gateway will let in, added
+before the learner starts (``trustrl agents add``, remote/credentials.py)."""
+
+
 def check_new_run_folder(folder: Path, overwrite: bool) -> None:
     """A new run starts in a missing or empty folder; ``overwrite`` allows one that holds
     an earlier run (its run files are removed) or other files (left as they are)."""
@@ -160,7 +165,7 @@ def check_new_run_folder(folder: Path, overwrite: bool) -> None:
         return
     if not folder.is_dir():
         raise CheckpointError(f"run folder {folder} is a file")
-    entries = sorted(p.name for p in folder.iterdir())
+    entries = sorted(p.name for p in folder.iterdir() if p.name not in BEFORE_RUN)
     if not entries or overwrite:
         return
     shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
