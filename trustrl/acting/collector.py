@@ -31,7 +31,7 @@ from trustrl.acting.inference import Inference
 from trustrl.config import Config, ObsStats
 from trustrl.contract import EpisodeStats, GroupBatch, PolicySnapshot, RolloutBatch, Runner
 from trustrl.envs.gym import GymRows, make_row_env
-from trustrl.envs.rows import AgentGroup, EnvState, GroupObs, RowEnv
+from trustrl.envs.rows import AgentGroup, EnvState, GroupObs, GroupStep, RowEnv
 from trustrl.envs.spaces import SpaceSpec
 from trustrl.normalize import MeanStd, RunningStats
 
@@ -212,6 +212,42 @@ class _Seen:
         return RunningStats.of(self.obs[self.alive]), critic
 
 
+class _GroupRollout:
+    """One group's rollout in the making: its (T, rows) storage by ``GroupBatch`` field,
+    its sampling (every step's draws, taken now), the env's raw outcomes and, when training
+    with a normalizer, the raw inputs its statistics delta takes in."""
+
+    def __init__(
+        self,
+        group: AgentGroup,
+        lane: _Lane,
+        inference: Inference,
+        rng: np.random.Generator,
+        num_steps: int,
+        train: bool,
+    ) -> None:
+        rows = len(lane.agent)
+        self.lane, self.inference = lane, inference
+        self.view = _arrays(group, num_steps, rows)
+        self.seen = (
+            _Seen(num_steps, rows, group.spec.obs_dim, group.critic_dim)
+            if train and inference.obs_normalizer is not None
+            else None
+        )
+        self.acting = _Acting(inference, rng, num_steps, lane.agent)
+        self.raw = _RawSteps(num_steps, rows)
+
+    def outcome(self, t: int, step: GroupStep, observed: GroupObs) -> None:
+        """What step t returned for the group's rows."""
+        raw, lane = self.raw, self.lane
+        raw.reward[t] = step.reward
+        raw.terminated[t] = step.terminated
+        raw.truncated[t] = step.truncated
+        lane.observe(observed)
+        if step.dropped is not None:
+            _drop(lane, raw, t, step.dropped)
+
+
 class Collector(Runner):
     """The acting side's runner: steps a run's environments (as rows, envs/rows.py) with a
     policy snapshot and returns the rollout as a ``RolloutBatch`` (contract.py). It holds
@@ -272,16 +308,8 @@ class Collector(Runner):
                 f"the snapshot holds {len(inferences)} policies for {len(self.lanes)} groups"
             )
         start = time.perf_counter()
-        num_steps = self.num_steps
-        views = [
-            _arrays(group, num_steps, len(lane.agent))
-            for group, lane in zip(self.groups, self.lanes, strict=True)
-        ]
-        update_stats = train and self.obs_stats == "step"
-        seen = [
-            _Seen(num_steps, len(lane.agent), group.spec.obs_dim, group.critic_dim)
-            if train and inference.obs_normalizer is not None
-            else None
+        rollouts = [
+            _GroupRollout(group, lane, inference, self.rng, self.num_steps, train)
             for group, lane, inference in zip(self.groups, self.lanes, inferences, strict=True)
         ]
         # Per step only what acting needs: the inputs, the actor, the action, and the env's
@@ -289,61 +317,50 @@ class Collector(Runner):
         # values, validity, episodes and reward scaling are settled per rollout, as
         # whole-array operations where a step would spend one numpy call each on a handful
         # of rows.
-        acting = [
-            _Acting(inference, self.rng, num_steps, lane.agent)
-            for lane, inference in zip(self.lanes, inferences, strict=True)
-        ]
-        raw = [_RawSteps(num_steps, len(lane.agent)) for lane in self.lanes]
-        for t in range(num_steps):
+        update_stats = train and self.obs_stats == "step"
+        for t in range(self.num_steps):
             actions = []
-            for lane, inference, view, act, record in zip(
-                self.lanes, inferences, views, acting, seen, strict=True
-            ):
-                if record is not None:
-                    record.record(t, lane)
-                actions.append(self._act(lane, inference, view, act, t, update_stats))
+            for rollout in rollouts:
+                if rollout.seen is not None:
+                    rollout.seen.record(t, rollout.lane)
+                actions.append(self._act(rollout, t, update_stats))
             observed, steps = self.rows.step(actions)
-            for lane, out, step, after in zip(self.lanes, raw, steps, observed, strict=True):
-                out.reward[t] = step.reward
-                out.terminated[t] = step.terminated
-                out.truncated[t] = step.truncated
-                lane.observe(after)
-                if step.dropped is not None:
-                    _drop(lane, out, t, step.dropped)
-
+            for rollout, step, after in zip(rollouts, steps, observed, strict=True):
+                rollout.outcome(t, step, after)
         stats = EpisodeStats()
-        groups = []
-        for lane, inference, view, act, out, record in zip(
-            self.lanes, inferences, views, acting, raw, seen, strict=True
-        ):
-            act.finish(view)
-            self._settle(lane, view, out, stats, train)
-            x, critic_x = self._inputs(lane, inference, update=False)
-            obs_delta, critic_delta = record.deltas() if record is not None else (None, None)
-            groups.append(
-                GroupBatch(
-                    obs=view["obs"],
-                    critic_obs=view.get("critic_obs"),
-                    actions=view["actions"],
-                    logprob=view["logprob"],
-                    values=view["values"],
-                    rewards=view["rewards"],
-                    terminated=view["terminated"],
-                    truncated=view["truncated"],
-                    valid=view["valid"],
-                    action_mask=view.get("action_mask"),
-                    last_value=inference.value(x, critic_x, lane.agent).astype(np.float32),
-                    obs_delta=obs_delta,
-                    critic_delta=critic_delta,
-                )
-            )
+        groups = tuple(self._finish(rollout, stats, train) for rollout in rollouts)
         return RolloutBatch(
-            tuple(groups),
+            groups,
             stats,
             snapshot.version,
             self.name,
-            num_steps * self.num_envs,
+            self.num_steps * self.num_envs,
             time.perf_counter() - start,
+        )
+
+    def _finish(self, rollout: _GroupRollout, stats: EpisodeStats, train: bool) -> GroupBatch:
+        """One group's batch once its steps are taken: log-probabilities and values of the
+        whole rollout, validity, episodes and rewards settled, the statistics delta, and
+        the value of the observation after the last step."""
+        lane, inference, view, record = rollout.lane, rollout.inference, rollout.view, rollout.seen
+        rollout.acting.finish(view)
+        self._settle(lane, view, rollout.raw, stats, train)
+        x, critic_x = self._inputs(lane, inference, update=False)
+        obs_delta, critic_delta = record.deltas() if record is not None else (None, None)
+        return GroupBatch(
+            obs=view["obs"],
+            critic_obs=view.get("critic_obs"),
+            actions=view["actions"],
+            logprob=view["logprob"],
+            values=view["values"],
+            rewards=view["rewards"],
+            terminated=view["terminated"],
+            truncated=view["truncated"],
+            valid=view["valid"],
+            action_mask=view.get("action_mask"),
+            last_value=inference.value(x, critic_x, lane.agent).astype(np.float32),
+            obs_delta=obs_delta,
+            critic_delta=critic_delta,
         )
 
     def _inputs(
@@ -366,15 +383,13 @@ class Collector(Runner):
             )
         return x, critic
 
-    def _act(
-        self,
-        lane: _Lane,
-        inference: Inference,
-        view: dict[str, np.ndarray],
-        acting: _Acting,
-        t: int,
-        train: bool,
-    ) -> np.ndarray:
+    def _act(self, rollout: _GroupRollout, t: int, train: bool) -> np.ndarray:
+        lane, inference, view, acting = (
+            rollout.lane,
+            rollout.inference,
+            rollout.view,
+            rollout.acting,
+        )
         critic_row = view["critic_obs"][t] if "critic_obs" in view else None
         x, _ = self._inputs(lane, inference, train, view["obs"][t], critic_row)
         actions, acting.out[t] = inference.act(x, lane.mask, acting.noise[t], lane.agent)
