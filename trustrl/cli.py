@@ -17,7 +17,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trustrl.config import (
     Config,
@@ -387,60 +387,49 @@ def cmd_eval(argv: list[str]) -> int:
         raise UsageError("--out is the folder for --video's files; add --video")
 
     from trustrl.run.checkpoint import load_policy, read_meta, resolve_checkpoint
-    from trustrl.run.evaluation import EvalResult, evaluate
 
     folder = resolve_checkpoint(args.path)
     config = config_from_dict(read_meta(folder)["config"])
-    policy = load_policy(folder)
-    videos: list[Path] = []
-    if args.video:
-        import os
+    result, videos = _run_episodes(args, load_policy(folder), config)
+    if args.json:
+        extra = {"videos": [str(v) for v in videos]} if args.video else {}
+        record = {**result.to_json(), "checkpoint": str(folder), "env_id": config.env_id}
+        print(json.dumps({**record, **extra}))
+        return 0
+    print(
+        f"{config.env_id}: {result.mean_return:.2f} ± {result.std_return:.2f} over "
+        f"{len(result.returns)} episodes ({folder})"
+        + (" (mean over agents)" if result.agents else "")
+    )
+    for kind, table in (("group", result.groups), ("agent", result.agents)):
+        for name, returns in table.items():
+            mean, std = statistics.fmean(returns), statistics.pstdev(returns)
+            print(f"  {kind} {name}: {mean:.2f} ± {std:.2f}")
+    for video in videos:
+        print(f"video: {video}")
+    return 0
 
-        # Off-screen MuJoCo rendering without a display (this process is the CLI's own).
-        os.environ.setdefault("MUJOCO_GL", "egl")
-        from trustrl.run.video import record
 
-        out = Path(args.out) if args.out else Path(args.path) / "videos"
-        recording = record(
-            policy,
-            config.env_id,
-            out,
-            args.episodes,
-            args.deterministic,
-            args.seed,
-            config.env.kwargs,
-        )
-        videos = recording.videos
-        result = EvalResult(recording.returns, recording.lengths)
-    else:
+def _run_episodes(
+    args: argparse.Namespace, policy: Any, config: Config
+) -> tuple[EvalResult, list[Path]]:
+    """``trustrl eval``'s episodes: recorded with ``--video``, else evaluated."""
+    from trustrl.run.evaluation import EvalResult, evaluate
+
+    if not args.video:
         result = evaluate(
             policy, config.env_id, args.episodes, args.deterministic, args.seed, config.env.kwargs
         )
-    if args.json:
-        extra = {"videos": [str(v) for v in videos]} if args.video else {}
-        print(
-            json.dumps(
-                {
-                    **result.to_json(),
-                    "checkpoint": str(folder),
-                    "env_id": config.env_id,
-                    **extra,
-                }
-            )
-        )
-    else:
-        print(
-            f"{config.env_id}: {result.mean_return:.2f} ± {result.std_return:.2f} over "
-            f"{len(result.returns)} episodes ({folder})"
-            + (" (mean over agents)" if result.agents else "")
-        )
-        for kind, table in (("group", result.groups), ("agent", result.agents)):
-            for name, returns in table.items():
-                mean, std = statistics.fmean(returns), statistics.pstdev(returns)
-                print(f"  {kind} {name}: {mean:.2f} ± {std:.2f}")
-        for video in videos:
-            print(f"video: {video}")
-    return 0
+        return result, []
+    # Off-screen MuJoCo rendering without a display (this process is the CLI's own).
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    from trustrl.run.video import record
+
+    out = Path(args.out) if args.out else Path(args.path) / "videos"
+    recording = record(
+        policy, config.env_id, out, args.episodes, args.deterministic, args.seed, config.env.kwargs
+    )
+    return EvalResult(recording.returns, recording.lengths), recording.videos
 
 
 def cmd_presets(argv: list[str]) -> int:
