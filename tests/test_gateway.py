@@ -420,10 +420,12 @@ def _private_ray(tmp_path: Path) -> dict[str, str]:
 class ServeProcess:
     """``trustrl serve ... --listen 127.0.0.1:0``, its gateway's URL read from its output."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str], log: Path, listen: str = "127.0.0.1:0"
+    ) -> None:
         self.log = log
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "trustrl.cli", "serve", *args, "--listen", "127.0.0.1:0"],
+            [sys.executable, "-m", "trustrl.cli", "serve", *args, "--listen", listen],
             env=env,
             cwd=ROOT,
             stdout=log.open("wb"),
@@ -649,3 +651,137 @@ def test_an_agent_over_grpc_trains_cartpole_with_trustrl_serve(tmp_path: Path) -
         assert status["rejected"] == 0 and status["shipped"] > 0
     finally:
         learner.stop()
+
+
+@pytest.fixture
+def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, dict[str, str]]]:
+    """A one-node loopback Ray cluster with token authentication in a private temp root,
+    outliving the learners that join it (as tests/test_serve.py's); (its address, the
+    environment for processes that join it)."""
+    from trustrl.remote import import_ray
+
+    monkeypatch.setenv("RAY_TMPDIR", tempfile.mkdtemp(prefix="trg", dir="/tmp"))
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    import_ray(loopback=True)
+    from ray.cluster_utils import Cluster
+
+    ray_cli = Path(sys.executable).with_name("ray")
+    subprocess.run([str(ray_cli), "get-auth-token", "--generate"], check=True, capture_output=True)
+    head = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
+    try:
+        yield head.address, {**os.environ, "PYTHONPATH": str(ROOT)}
+    finally:
+        head.shutdown()
+
+
+GRPC_AGENT = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    import trustrl
+
+    agent = trustrl.Agent.connect(sys.argv[1], seed=int(sys.argv[2]))  # token: TRUSTRL_TOKEN
+    rng = np.random.default_rng(int(sys.argv[2]))
+    while not agent.status()["finished"]:
+        action = agent.act(rng.normal(size=3))
+        for _ in range(int(rng.integers(1, 8))):
+            time.sleep(0.002)  # an application's own pace
+            action = agent.act(rng.normal(size=3), reward=float(action == 1))
+        agent.end_episode(float(action == 1))
+    produced = agent.seq
+    agent.flush(30)
+    status = agent.status()
+    agent.close(flush_timeout=0)
+    print(json.dumps({"produced": produced, **status}))
+    """
+)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@ray_needed
+@pytest.mark.xdist_group("ray")
+@pytest.mark.time_limit(500)
+def test_agents_over_grpc_lose_nothing_when_the_learner_is_killed_and_resumed(
+    tmp_path: Path, ray_cluster: tuple[str, dict[str, str]]
+) -> None:
+    address, env = ray_cluster
+    config = tmp_path / "app.toml"
+    config.write_text(
+        APP.replace("total_steps = 10000000", "total_steps = 6000\ncheckpoint_every = 4")
+        + "queue_size = 100000\n"
+    )
+    run_dir = tmp_path / "run"
+    tokens = {seed: credentials.add(run_dir, f"agent-{seed}") for seed in (1, 2)}
+    listen = f"127.0.0.1:{_free_port()}"
+    joined = ["--name", "outage", "--runners.ray-address", address, "--quiet"]
+    first = ServeProcess(
+        ["--config", str(config), "--run-dir", str(run_dir), *joined],
+        env,
+        tmp_path / "serve1.log",
+        listen,
+    )
+    script = tmp_path / "agent.py"
+    script.write_text(GRPC_AGENT)
+    logs = {seed: tmp_path / f"agent{seed}.log" for seed in (1, 2)}
+    agents = {
+        seed: subprocess.Popen(
+            [sys.executable, str(script), first.url, str(seed)],
+            env={**env, "TRUSTRL_TOKEN": tokens[seed]},
+            cwd=ROOT,
+            stdout=logs[seed].open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        for seed in (1, 2)
+    }
+    resumed = None
+    try:
+        _wait(lambda: _progress(run_dir) >= 6, "six iterations")
+        first.process.send_signal(signal.SIGKILL)  # no checkpoint, no goodbye
+        first.process.wait(30)
+        killed_at = _progress(run_dir)
+        spooled = {p.name for p in (run_dir / "inbox").glob("*.chunk")}
+        time.sleep(3)  # the agents act on; their chunks queue
+        resumed = ServeProcess(
+            ["--resume", str(run_dir), *joined], env, tmp_path / "serve2.log", listen
+        )
+        _wait(lambda: resumed.process.poll() is not None, "the resumed learner to finish", 300)
+        assert resumed.process.returncode == 0, resumed.output()[-3000:]
+        results = []
+        for seed, agent in agents.items():
+            agent.wait(120)
+            text = logs[seed].read_text(errors="replace")
+            assert agent.returncode == 0, text[-3000:]
+            results.append(json.loads(text.strip().splitlines()[-1]))
+        print(f"\nlearner SIGKILLed after {killed_at} iterations ({len(spooled)} chunks spooled), "
+              f"resumed on the same port; agents: {json.dumps(results)}")  # fmt: skip
+        assert spooled, "the killed learner's unreleased chunks are on disk"
+        for result in results:
+            # Every chunk an agent finished was accepted (and so spooled before the
+            # answer), answered stale (of a version the learner had moved past, or lost to
+            # the kill), or is still queued at the agent (it came after the learner's
+            # queue was full at the run's end: never acknowledged); none refused or dropped.
+            assert result["dropped"] == result["rejected"] == 0, result
+            assert result["shipped"] + result["stale"] + result["queued"] == result["produced"]
+            assert result["shipped"] > 0 and result["retries"] > 0  # it saw the learner gone
+        rows = (run_dir / "progress.csv").read_text().splitlines()[1:]
+        iterations = [int(float(row.split(",")[0])) for row in rows]
+        assert iterations == list(range(1, len(rows) + 1))
+        # What the killed learner had acknowledged but not checkpointed was trained on by
+        # the resumed one and released with its checkpoints.
+        assert not spooled & {p.name for p in (run_dir / "inbox").glob("*.chunk")}
+    finally:
+        for agent in agents.values():
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait(10)
+        if resumed is not None:
+            resumed.stop()
+        first.stop()

@@ -69,7 +69,13 @@ class GrpcLink:
         target, tls = parse_url(url)
         self.url = url
         self.timeout = timeout
-        options = [("grpc.max_receive_message_length", MAX_REPLY_BYTES)]
+        options = [
+            ("grpc.max_receive_message_length", MAX_REPLY_BYTES),
+            # A learner that restarts is found again within the agent's own backoff, not
+            # gRPC's default of up to two minutes between reconnection attempts.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 5000),
+        ]
         if tls:
             roots = Path(ca).read_bytes() if ca is not None else None
             credentials = grpc.ssl_channel_credentials(root_certificates=roots)
