@@ -102,7 +102,7 @@ def test_rows_are_envs_times_agents_in_env_agent_order(tmp_path: Path) -> None:
     rows.close()
 
     t = trainer(SPREAD, tmp_path, env={"num_envs": 3}, rollout={"num_steps": 7})
-    [rollout], _ = t.collect()
+    [rollout] = t.collect().rollouts
     assert rollout.obs.shape == (7, 9, 18)
     assert rollout.agent.tolist() == [0, 1, 2] * 3
     assert rollout.critic_obs is not None and rollout.critic_obs.shape == (7, 9, 54)
@@ -413,7 +413,7 @@ def test_local_critic_input_is_the_observation_plus_agent_id(tmp_path: Path) -> 
     rows.close()
     t = trainer(SPREAD, tmp_path, multiagent={"critic_input": "local"})
     [policy] = t.policies
-    assert t.collect()[0][0].critic_obs is None
+    assert t.collect().rollouts[0].critic_obs is None
     assert policy.critic[0][0].in_features == 18 + 3
     t.collector.close()
 
@@ -521,7 +521,7 @@ def test_simple_adversary_two_groups_train(tmp_path: Path) -> None:
             for p in g["params"]
         }
         assert held == {id(p) for p in policy.parameters()}
-    assert [r.obs.shape for r in t.collect()[0]] == [(30, 2, 8), (30, 4, 10)]
+    assert [r.obs.shape for r in t.collect().rollouts] == [(30, 2, 8), (30, 4, 10)]
     policy = t.train()
     assert isinstance(policy, MultiAgentPolicy)
     rows = _progress(tmp_path)
@@ -546,7 +546,7 @@ def test_continuous_actions_one_iteration(tmp_path: Path) -> None:
     )
     spec = t.groups[0].spec
     assert spec.action_kind == "box" and spec.action_shape == (5,)
-    [rollout], _ = t.collect()
+    [rollout] = t.collect().rollouts
     assert rollout.actions.shape == (30, 6, 5)
     assert rollout.actions.dtype == torch.float32
     t.train()
