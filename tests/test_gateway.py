@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -785,3 +786,45 @@ def test_agents_over_grpc_lose_nothing_when_the_learner_is_killed_and_resumed(
         if resumed is not None:
             resumed.stop()
         first.stop()
+
+
+@ray_needed
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+@pytest.mark.time_limit(600)
+@pytest.mark.skipif(
+    shutil.which("node") is None or shutil.which("npm") is None, reason="needs Node 20 and npm"
+)
+def test_a_javascript_agent_trains_cartpole_to_475(tmp_path: Path) -> None:
+    """clients/js/cartpole.js: gRPC and ONNX Runtime in Node, thin chunks, no trustrl."""
+    client = ROOT / "clients" / "js"
+    subprocess.run(
+        ["npm", "ci", "--no-audit", "--no-fund"], cwd=client, check=True, capture_output=True
+    )
+    run_dir = tmp_path / "run"
+    token = credentials.add(run_dir, "js-1")
+    learner = ServeProcess(
+        ["CartPole-v1", "--seed", "5", "--total-steps", "99840", "--run-dir", str(run_dir),
+         "--quiet"],
+        _private_ray(tmp_path),
+        tmp_path / "serve.log",
+    )  # fmt: skip
+    try:
+        agent = subprocess.run(
+            ["node", str(client / "cartpole.js"), learner.url, "--seed", "1", "--pace", "1"],
+            env={**os.environ, "TRUSTRL_TOKEN": token},
+            capture_output=True,
+            text=True,
+            timeout=450,
+        )
+        assert agent.returncode == 0, agent.stderr[-3000:]
+        result = json.loads(agent.stdout.strip().splitlines()[-1])
+        _wait(lambda: learner.process.poll() is not None, "the learner to finish")
+        output = learner.stop()
+        assert learner.process.returncode == 0, output[-3000:]
+        evaluation = json.loads((run_dir / "eval.json").read_text())
+        print(f"\nJavaScript agent: {json.dumps(result)}; evaluation {evaluation['mean_return']}")
+        assert evaluation["mean_return"] >= 475
+        assert result["finished"] and result["REFUSED"] == 0 and result["ACCEPTED"] > 0
+    finally:
+        learner.stop()
