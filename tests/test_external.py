@@ -192,6 +192,22 @@ def test_inbox_spools_before_acknowledging_and_a_new_inbox_finds_what_was_left(
     assert not bad["ok"] and "expected float32[3, 3]" in bad["error"]
 
 
+def test_a_finished_inbox_takes_what_agents_finished_and_says_it_is_finished(
+    tmp_path: Path,
+) -> None:
+    # A finished learner takes no more batches, so a full queue would never drain: chunks
+    # that agents finished before they heard are still spooled, and the reply tells them.
+    inbox = Inbox([group()], {}, spool=tmp_path / "inbox", capacity=3)
+    inbox.publish(0, b"snapshot")
+    assert inbox.submit(encode_chunk(chunk(3, seed=0))) == {"ok": True}
+    full = inbox.submit(encode_chunk(chunk(3, seed=1)))
+    assert full["retry"] and full["full"]
+    inbox.finish()
+    late = [inbox.submit(encode_chunk(chunk(3, seed=i))) for i in (1, 2)]
+    assert late == [{"ok": True, "finished": True}] * 2
+    assert len(list((tmp_path / "inbox").glob("*.chunk"))) == 3
+
+
 def test_damaged_spool_files_are_counted_named_and_kept_aside(tmp_path: Path) -> None:
     spool = tmp_path / "inbox"
     inbox = Inbox([group()], {}, spool=spool)

@@ -632,6 +632,7 @@ class Agent:
                         if self.queue and self.queue[0] is data:  # not dropped meanwhile
                             self.queue.popleft()
                         self._count(reply)
+                        self.finished = self.finished or bool(reply.get("finished"))
                     self.connected = True
                     self.lock.notify_all()
                     if pause > 0:

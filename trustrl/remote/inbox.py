@@ -123,7 +123,13 @@ class Inbox:
         with self.condition:
             if self.snapshot is None:
                 return {"ok": False, "retry": True}
-            if self.capacity is not None and self.queued_steps >= self.capacity:
+            # A finished learner takes no more batches, so its queue never drains: accept
+            # (and spool) what agents finished before they heard, for a resumed run.
+            if (
+                self.capacity is not None
+                and self.queued_steps >= self.capacity
+                and not self.finished
+            ):
                 return {"ok": False, "retry": True, "full": True}
         try:
             where, chunk = decode_chunk(data, self.groups, self.max_length)
@@ -136,7 +142,7 @@ class Inbox:
             key = (chunk.source, chunk.seq)
             if key in self.seen:  # sent again after a lost acknowledgement
                 self.duplicates += 1
-                return {"ok": True}
+                return {"ok": True, "finished": self.finished} if self.finished else {"ok": True}
             seq = self.next_seq
             self.next_seq += 1
             if self.spool is not None:
@@ -146,7 +152,9 @@ class Inbox:
             self.queued_steps += len(chunk)
             self.received += 1
             self.condition.notify_all()
-            return {"ok": True}
+            # The shipping agent hears at once that the run is over (its watcher may be
+            # backing off, and a finished learner lingers only briefly).
+            return {"ok": True, "finished": self.finished} if self.finished else {"ok": True}
 
     def submit_many(self, chunks: list[bytes]) -> list[dict[str, Any]]:
         """``submit`` for each, in order."""
