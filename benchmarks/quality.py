@@ -566,6 +566,12 @@ def finished_runs(run_root: Path, seeds: list[int]) -> list[dict[str, Any]]:
     return records
 
 
+def shown_run(run_dir: str | Path) -> str:
+    """A run folder as the docs' commands name it: under the default run root, the path a
+    reader who runs the suite has (wherever this machine's runs were)."""
+    return str(RUN_ROOT.relative_to(ROOT) / Path(run_dir).name)
+
+
 def relative(path: str | Path) -> str:
     """A path relative to the repository when it is inside it (the docs name it so)."""
     path = Path(path).resolve()
@@ -1036,7 +1042,8 @@ def draw_plots(
         except PlotError as exc:
             print(f"no curve for {env_id}: {exc}")
             continue
-        command = f"trustrl plot {' '.join(run_dirs)} --smooth {SMOOTH} --out {relative(out)}"
+        shown = " ".join(shown_run(d) for d in run_dirs)
+        command = f"trustrl plot {shown} --smooth {SMOOTH} --out {relative(out)}"
         label = env_id if env_id not in keep else f"{env_id} ({', '.join(algos[env_id])})"
         images[label] = (os.path.relpath(out, doc.parent), command)
     return images
@@ -1128,7 +1135,8 @@ def report(args: argparse.Namespace) -> None:
             shared.setdefault(image, []).append(cell)
     for image, group in shared.items():
         run_dirs = [d for cell in group for d in cell["run_dirs"]]
-        command = f"trustrl plot {' '.join(run_dirs)} --smooth {SMOOTH} --out {relative(image)}"
+        shown = " ".join(shown_run(d) for d in run_dirs)
+        command = f"trustrl plot {shown} --smooth {SMOOTH} --out {relative(image)}"
         label = f"{group[0]['env_id']} ({', '.join(c['algo'] for c in group)})"
         plots[label] = (os.path.relpath(image, args.doc.parent), command)
     cells = sorted(cells + carried, key=lambda c: cell_order(c["algo"], c["env_id"], c["budget"]))
