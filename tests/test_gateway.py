@@ -209,7 +209,9 @@ class Served:
     """A learner of APP's spaces (or ``env_id``'s) over an Inbox, with its gateway on a
     loopback port; stops with ``stop()``."""
 
-    def __init__(self, run_dir: Path, *, env_id: str | None = None, **inbox: Any) -> None:
+    def __init__(
+        self, run_dir: Path, *, env_id: str | None = None, train: bool = True, **inbox: Any
+    ) -> None:
         from trustrl.remote.external import (
             ExternalRunner,
             external_groups,
@@ -242,13 +244,15 @@ class Served:
         self.server, where = start_server(self.gateway, self.settings, print)
         self.url = f"grpc://{where}"
         self.thread = threading.Thread(target=self.trainer.train, daemon=True)
-        self.thread.start()
+        if train:  # else the learner published its policy and takes nothing
+            self.thread.start()
 
     def stop(self) -> None:
         from trustrl.remote.gateway import stop_server
 
         self.runner.stop()
-        self.thread.join(60)
+        if self.thread.is_alive():
+            self.thread.join(60)
         stop_server(self.server)
 
 
@@ -282,9 +286,7 @@ def test_a_token_for_one_learner_is_refused_by_another(served: Callable[..., Ser
 def test_back_pressure_a_full_queue_and_stale_versions_are_named(
     served: Callable[..., Served],
 ) -> None:
-    learner = served(capacity=50)
-    learner.runner.stop()  # the learner takes nothing: the queue fills
-    learner.thread.join(60)
+    learner = served(capacity=50, train=False)  # a learner that takes nothing: the queue fills
     token = credentials.add(learner.gateway.credentials.path.parent, "fast")
     client = Client(learner.url)
     rng = np.random.default_rng(0)
