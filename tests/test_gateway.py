@@ -37,6 +37,7 @@ import pytest
 grpc = pytest.importorskip("grpc")
 
 import trustrl  # noqa: E402
+from tests.test_serve import AGENT_SCRIPT  # noqa: E402
 from trustrl.remote import credentials  # noqa: E402
 from trustrl.remote.messages import SERVICE, to_message  # noqa: E402
 from trustrl.remote.proto import trustrl_pb2 as pb  # noqa: E402
@@ -678,26 +679,10 @@ def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, dict[str
         head.shutdown()
 
 
-GRPC_AGENT = textwrap.dedent(
-    """
-    import json, sys, time
-    import numpy as np
-    import trustrl
-
-    agent = trustrl.Agent.connect(sys.argv[1], seed=int(sys.argv[2]))  # token: TRUSTRL_TOKEN
-    rng = np.random.default_rng(int(sys.argv[2]))
-    while not agent.status()["finished"]:
-        action = agent.act(rng.normal(size=3))
-        for _ in range(int(rng.integers(1, 8))):
-            time.sleep(0.002)  # an application's own pace
-            action = agent.act(rng.normal(size=3), reward=float(action == 1))
-        agent.end_episode(float(action == 1))
-    produced = agent.seq
-    agent.flush(30)
-    status = agent.status()
-    agent.close(flush_timeout=0)
-    print(json.dumps({"produced": produced, **status}))
-    """
+# The outage test's agent loop (tests/test_serve.py), over gRPC; the token comes from
+# TRUSTRL_TOKEN.
+GRPC_AGENT = AGENT_SCRIPT.replace(
+    "CONNECT", "trustrl.Agent.connect(sys.argv[1], seed=int(sys.argv[2]))"
 )
 
 

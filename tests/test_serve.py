@@ -175,13 +175,15 @@ def test_two_processes_train_one_cartpole_policy_to_475(tmp_path: Path, cluster,
         assert result["finished"]
 
 
-AGENT = textwrap.dedent(
+# An application's agent loop for the outage tests (here over Ray, in test_gateway.py over
+# gRPC): it acts until the learner finishes, then prints its counts. CONNECT builds the agent.
+AGENT_SCRIPT = textwrap.dedent(
     """
     import json, sys, time
     import numpy as np
     import trustrl
 
-    agent = trustrl.Agent.connect("outage", address=sys.argv[1], seed=int(sys.argv[2]))
+    agent = CONNECT
     rng = np.random.default_rng(int(sys.argv[2]))
     while not agent.status()["finished"]:
         action = agent.act(rng.normal(size=3))
@@ -195,6 +197,9 @@ AGENT = textwrap.dedent(
     agent.close(flush_timeout=0)
     print(json.dumps({"produced": produced, **status}))
     """
+)
+AGENT = AGENT_SCRIPT.replace(
+    "CONNECT", 'trustrl.Agent.connect("outage", address=sys.argv[1], seed=int(sys.argv[2]))'
 )
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_cli import run_cli
 from trustrl import cli
 from trustrl.config import list_presets, resolve
 from trustrl.run import tune as tuning
@@ -39,15 +40,6 @@ log = true
 [ppo]
 update_epochs = { low = 5, high = 10 }
 """
-
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = cli.main(argv)
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def load(study_dir: Path) -> optuna.Study:
