@@ -208,6 +208,19 @@ def test_a_finished_inbox_takes_what_agents_finished_and_says_it_is_finished(
     assert len(list((tmp_path / "inbox").glob("*.chunk"))) == 3
 
 
+def test_agents_of_a_learner_resumed_before_their_version_get_its_versions_again() -> None:
+    # A learner resumed from a checkpoint publishes versions older than the one its agents
+    # hold; their chunks would be drained for lag and the learner would wait forever for
+    # chunks, so the (long) poll hands the older version out at once.
+    inbox = Inbox([group()], {})
+    inbox.publish(4, b"resumed at 4")
+    start = time.perf_counter()
+    reply = inbox.latest(7, timeout=30.0)
+    assert time.perf_counter() - start < 5.0
+    assert reply["version"] == 4 and reply["data"] == b"resumed at 4"
+    assert inbox.latest(4)["data"] is None
+
+
 def test_damaged_spool_files_are_counted_named_and_kept_aside(tmp_path: Path) -> None:
     spool = tmp_path / "inbox"
     inbox = Inbox([group()], {}, spool=spool)

@@ -585,7 +585,8 @@ class Agent:
             self.last_error = str(reply.get("error", ""))
 
     def _fetch(self, timeout: float = 0.0) -> None:
-        """The learner's newest snapshot, if newer than this agent's, waiting up to
+        """The learner's newest snapshot, if other than this agent's (newer, or older after
+        the learner resumed from a checkpoint), waiting up to
         ``timeout`` seconds for one (a long poll); whether the run finished."""
         with self.lock:
             have = self.snapshot[0] if self.snapshot else -1

@@ -198,7 +198,7 @@ class Gateway:
         with self.condition:
             finished = self.finished
             self.condition.wait_for(
-                lambda: self.version > message.have or self.finished != finished, wait
+                lambda: self.version != message.have or self.finished != finished, wait
             )
             version, finished, snapshot = (
                 self.version,
@@ -206,7 +206,7 @@ class Gateway:
                 self.snapshots.get(self.version),
             )
         reply = pb.FetchReply(version=version, finished=finished)
-        if snapshot is not None and version > message.have:
+        if snapshot is not None and version != message.have:
             reply.policy.CopyFrom(self._policy(snapshot, message.onnx))
         self._count(self.counts, "fetched")
         return reply.SerializeToString()

@@ -184,7 +184,7 @@ class GrpcLink:
                 self.polls.pop(watcher, None)
         self.finished = reply.finished
         data = None
-        if reply.HasField("policy") and reply.version > have:
+        if reply.HasField("policy") and reply.version != have:
             data = encode_snapshot(messages.policy_snapshot(reply.policy))
         return {"version": reply.version, "data": data, "finished": reply.finished}
 

@@ -161,11 +161,13 @@ class Inbox:
         return [self.submit(data) for data in chunks]
 
     def latest(self, have: int, timeout: float = 0.0, watcher: str = "") -> dict[str, Any]:
-        """The newest version, its snapshot's bytes if it is newer than version ``have``
-        (else None), and whether the run has finished.
+        """The newest version, its snapshot's bytes if it is not version ``have`` (newer,
+        or older: a learner resumed from a checkpoint before it, whose agents must act with
+        its versions again or their chunks are drained for lag), and whether the run has
+        finished.
 
         With a ``timeout`` this is a long poll: it waits up to ``timeout`` seconds for a
-        version newer than ``have`` to be published or for the run to finish, and returns
+        version other than ``have`` to be published or for the run to finish, and returns
         at once when one is. ``watcher`` names the caller, so that ``wake(watcher)`` can
         end its wait early (an agent that closes)."""
         with self.condition:
@@ -176,7 +178,7 @@ class Inbox:
                 try:
                     self.condition.wait_for(
                         lambda: (
-                            self._version() > have
+                            self._version() != have
                             or self.finished != finished
                             or self.waiting.get(watcher, False)
                         ),
@@ -188,7 +190,7 @@ class Inbox:
             version, data = self.snapshot if self.snapshot is not None else (-1, None)
             return {
                 "version": version,
-                "data": data if version > have else None,
+                "data": data if version != have else None,
                 "finished": self.finished,
             }
 
