@@ -173,9 +173,13 @@ class Training:
 
 
 def train_argv(run_dir: Path) -> list[str]:
-    if (run_dir / "checkpoints" / "latest").is_file():
+    # A complete checkpoint resumes, with or without the pointer (a kill between the first
+    # checkpoint's rename and the pointer's write: resume loads the newest iter_*).
+    if (run_dir / "checkpoints" / "latest").is_file() or complete_checkpoints(run_dir):
         return ["train", "--resume", str(run_dir), "--quiet"]
-    return ["train", "CartPole-v1", "--run-dir", str(run_dir), *TRAIN_FLAGS]
+    # Killed before any checkpoint was complete: a new run over what that one left, as a
+    # user would start it (a folder holding a run is refused without --overwrite).
+    return ["train", "CartPole-v1", "--run-dir", str(run_dir), "--overwrite", *TRAIN_FLAGS]
 
 
 def pointer(run_dir: Path) -> str | None:
