@@ -418,7 +418,13 @@ def _run_episodes(
 
     if not args.video:
         result = evaluate(
-            policy, config.env_id, args.episodes, args.deterministic, args.seed, config.env.kwargs
+            policy,
+            config.env_id,
+            args.episodes,
+            args.deterministic,
+            args.seed,
+            config.env.kwargs,
+            frame_stack=config.env.frame_stack,
         )
         return result, []
     # Off-screen MuJoCo rendering without a display (this process is the CLI's own).
@@ -427,7 +433,14 @@ def _run_episodes(
 
     out = Path(args.out) if args.out else Path(args.path) / "videos"
     recording = record(
-        policy, config.env_id, out, args.episodes, args.deterministic, args.seed, config.env.kwargs
+        policy,
+        config.env_id,
+        out,
+        args.episodes,
+        args.deterministic,
+        args.seed,
+        config.env.kwargs,
+        frame_stack=config.env.frame_stack,
     )
     return EvalResult(recording.returns, recording.lengths), recording.videos
 

@@ -180,10 +180,18 @@ class EnvConfig:
     """Normalized observations are clipped to [-obs_clip, obs_clip]."""
     reward_clip: float = 10.0
     """Scaled rewards are clipped to [-reward_clip, reward_clip]."""
+    clip_reward: bool = False
+    """Train on the sign of each reward (-1, 0 or 1), as the Atari presets do (Mnih et al. 2015); episode returns are still reported as the env gave them."""
+    image_keys: tuple[str, ...] = ()
+    """Float Box observation entries to take as images (through the CNN, scaled by nothing, never normalized): Dict keys, Tuple indices as text, or "" for a whole Box observation. uint8 and bool Boxes of 2 or 3 dimensions are images without it."""
     obs_stats: ObsStats = "rollout"
     """When the observation statistics that act are updated: rollout (the policy snapshot's, frozen for a rollout; the learner merges what the rollout saw once per iteration) or step (the collector's copy also takes in every step, as SB3's VecNormalize does)."""
     nonfinite: NonFinite = "error"
     """A NaN or infinite observation or reward from the env: error (stop the run, naming the env, row, step and entries) or drop (end that episode there, untrained from the bad step on and not reported, reset its env and go on; counted in dropped_episodes; sync and async backends, Gymnasium envs)."""
+    frame_stack: int = 0
+    """Observations stacked along a new first axis, the newest last (Gymnasium's FrameStackObservation; sync and async backends): 0 is the env's default, 4 for ALE ids ((4, 84, 84) grayscale frames) and none for any other env."""
+    episodic_life: bool = True
+    """ALE ids: a lost life ends the training episode while the game goes on, the next reset taking one no-op step instead of starting a new game (SB3's EpisodicLifeEnv, as CleanRL and the zoo train Atari); returns are still reported per whole game, and evaluation and videos always play whole games. Other envs: no effect."""
 
     def __post_init__(self) -> None:
         _check_types(self, "env.")
@@ -191,6 +199,7 @@ class EnvConfig:
         _require(isinstance(self.kwargs, dict), f"env.kwargs must be a table, got {self.kwargs!r}")
         _check_positive("env.obs_clip", self.obs_clip)
         _check_positive("env.reward_clip", self.reward_clip)
+        _check_int("env.frame_stack", self.frame_stack, 0)
 
 
 @dataclass(frozen=True)
@@ -224,17 +233,39 @@ class PolicyConfig:
     ortho_init: bool = True
     """Orthogonal init: gain sqrt(2) on hidden layers, 0.01 on the policy head, 1 on the value head."""
     encoder: str = "mlp"
-    """What turns an observation into features, for the actor and the critic alike: mlp (hidden layers of hidden_sizes on the flat observation) or an encoder registered with trustrl.acting.parts.register_encoder."""
+    """What turns an observation into features, for the actor and the critic alike: mlp (hidden layers of hidden_sizes on the flat observation) or an encoder registered with trustrl.acting.parts.register_encoder. With images, Dict, Tuple or Discrete observations it reads the entries' features (each image through its CNN) concatenated."""
+    cnn_channels: tuple[int, ...] = ()
+    """Output channels of each conv layer of the image encoder; empty: the default for the image's size (the Nature CNN, 32-64-64 with kernels 8-4-3 and strides 4-2-1, for images of 36 pixels a side or more; MinAtar's one layer of 16 3x3 filters for smaller grids)."""
+    cnn_kernels: tuple[int, ...] = ()
+    """Square kernel size of each conv layer (with cnn_channels)."""
+    cnn_strides: tuple[int, ...] = ()
+    """Stride of each conv layer (with cnn_channels)."""
+    cnn_linear: int = 0
+    """Width of the linear layer after the convolutions (ReLU); 0: the default (512 for the Nature CNN, 128 for small grids)."""
 
     def __post_init__(self) -> None:
         _check_types(self, "policy.")
         _require(
             isinstance(self.hidden_sizes, tuple | list)
-            and len(self.hidden_sizes) > 0
             and all(
                 isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in self.hidden_sizes
             ),
-            f"policy.hidden_sizes must be one or more positive integers, got {self.hidden_sizes!r}",
+            f"policy.hidden_sizes must be positive integers (empty: the heads read the "
+            f"encoder's features directly), got {self.hidden_sizes!r}",
+        )
+        layers = (self.cnn_channels, self.cnn_kernels, self.cnn_strides)
+        _require(
+            all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for f in layers for v in f)
+            and len({len(f) for f in layers}) == 1,
+            "policy.cnn_channels, policy.cnn_kernels and policy.cnn_strides must be lists of "
+            "positive integers of one length (one entry per conv layer; all empty: the "
+            f"default), got {list(self.cnn_channels)}, {list(self.cnn_kernels)} and "
+            f"{list(self.cnn_strides)}",
+        )
+        _require(
+            isinstance(self.cnn_linear, int) and self.cnn_linear >= 0,
+            f"policy.cnn_linear must be a non-negative integer (0: the default), got "
+            f"{self.cnn_linear!r}",
         )
         _require(
             _is_number(self.log_std_init) and -20 <= self.log_std_init <= 2,

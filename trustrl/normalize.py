@@ -192,8 +192,18 @@ class MeanStd:
     def normalize_array(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Standardize and clip ``x`` into ``out`` (float32; a new array by default), as
         ``policy.RunningMeanStd.forward`` does a tensor. The arithmetic runs on the float64
-        statistics and is rounded once, when written."""
+        statistics and is rounded once, when written.
+
+        A row wider than the statistics (a structured observation's row, whose leading
+        columns are its float vectors: envs/layout.py) has those columns standardized and
+        the rest copied as they are."""
         mean, var, _ = self.arrays()
+        if mean.ndim == 1 and x.shape[-1] > len(mean):
+            if out is None:
+                out = np.empty(x.shape, dtype=np.float32)
+            out[..., len(mean) :] = x[..., len(mean) :]
+            self.normalize_array(x[..., : len(mean)], out[..., : len(mean)])
+            return out
         y = x - mean
         y *= 1.0 / np.sqrt(var + self.epsilon)
         if out is None:
@@ -211,6 +221,9 @@ class MeanStd:
         increment and the standardized row without repeating the subtraction.
         """
         mean, var, count = self.arrays()
+        if mean.ndim == 1 and x.shape[-1] > len(mean):  # a structured row: its vectors
+            self.update((x if rows is None else x[rows])[:, : len(mean)])
+            return self.normalize_array(x, out)
         if rows is not None or x.shape[0] != 1 or mean.ndim != 1 or not np.isfinite(x.sum()):
             self.update(x if rows is None else x[rows])
             return self.normalize_array(x, out)

@@ -95,6 +95,9 @@ class _RawSteps:
         self.terminated = np.zeros((num_steps, rows), dtype=bool)
         self.truncated = np.zeros((num_steps, rows), dtype=bool)
         self.dropped = np.zeros((num_steps, rows), dtype=bool)  # a dropped episode's end
+        # A termination that is a life lost, the game going on (episodic life): trained on
+        # as an end, reported as part of the game's episode.
+        self.continues = np.zeros((num_steps, rows), dtype=bool)
         self.drops = 0
 
 
@@ -175,7 +178,7 @@ def _arrays(group: AgentGroup, steps: int, rows: int) -> dict[str, np.ndarray]:
     """A rollout's (T, rows, ...) arrays for one group, by ``GroupBatch`` field name."""
     spec = group.spec
     arrays = {
-        "obs": np.empty((steps, rows, spec.obs_dim), np.float32),
+        "obs": np.empty((steps, rows, spec.obs_dim), spec.obs_dtype),  # uint8: frames
         "actions": np.empty((steps, rows, *spec.action_shape), spec.action_dtype),
         "logprob": np.empty((steps, rows), np.float32),
         "values": np.empty((steps, rows), np.float32),
@@ -193,15 +196,16 @@ def _arrays(group: AgentGroup, steps: int, rows: int) -> dict[str, np.ndarray]:
 
 class _Seen:
     """The raw inputs a rollout's statistics take in, (T, rows, dim) with the (T, rows)
-    rows that count (agents still acting), for the delta sent to the learner."""
+    rows that count (agents still acting), for the delta sent to the learner: the leading
+    ``vector_dim`` columns of an observation's row (its float vectors)."""
 
-    def __init__(self, steps: int, rows: int, obs_dim: int, critic_dim: int | None) -> None:
-        self.obs = np.empty((steps, rows, obs_dim), np.float32)
+    def __init__(self, steps: int, rows: int, vector_dim: int, critic_dim: int | None) -> None:
+        self.obs = np.empty((steps, rows, vector_dim), np.float32)
         self.critic = np.empty((steps, rows, critic_dim), np.float32) if critic_dim else None
         self.alive = np.ones((steps, rows), bool)
 
     def record(self, t: int, lane: _Lane) -> None:
-        self.obs[t] = lane.obs
+        self.obs[t] = lane.obs[:, : self.obs.shape[2]]
         if self.critic is not None and lane.critic_obs is not None:
             self.critic[t] = lane.critic_obs
         if lane.alive is not None:
@@ -230,7 +234,7 @@ class _GroupRollout:
         self.lane, self.inference = lane, inference
         self.view = _arrays(group, num_steps, rows)
         self.seen = (
-            _Seen(num_steps, rows, group.spec.obs_dim, group.critic_dim)
+            _Seen(num_steps, rows, group.spec.vector_dim, group.critic_dim)
             if train and inference.obs_normalizer is not None
             else None
         )
@@ -243,6 +247,8 @@ class _GroupRollout:
         raw.reward[t] = step.reward
         raw.terminated[t] = step.terminated
         raw.truncated[t] = step.truncated
+        if step.continues is not None:
+            raw.continues[t] = step.continues
         lane.observe(observed)
         if step.dropped is not None:
             _drop(lane, raw, t, step.dropped)
@@ -265,6 +271,7 @@ class Collector(Runner):
         num_steps: int = 128,
         obs_stats: ObsStats = "rollout",
         name: str = "local",
+        clip_reward: bool = False,
     ) -> None:
         self.rows: RowEnv = GymRows(envs) if isinstance(envs, gym.vector.VectorEnv) else envs
         self.num_envs = self.rows.num_envs
@@ -274,6 +281,7 @@ class Collector(Runner):
         self.name = name
         self.rng = np.random.default_rng(seed)  # action sampling
         self.reward_scaler = MeanStd((), clip=reward_clip) if normalize_reward else None
+        self.clip_reward = clip_reward
         observed = self.rows.reset(seed)
         self.groups = self.rows.groups
         self.lanes = [
@@ -422,8 +430,10 @@ class Collector(Runner):
         done = terminated | truncated
         view["terminated"][:] = terminated
         view["truncated"][:] = truncated
-        self._track_episodes(lane, reward, valid, done, stats, out.dropped)
+        self._track_episodes(lane, reward, valid, done, stats, out.dropped, out.continues)
         stats.dropped += out.drops
+        if self.clip_reward:  # trained on the sign; reported as the env gave them (above)
+            reward = np.sign(reward)
         if self.reward_scaler is None:
             view["rewards"][:] = reward
         else:
@@ -438,13 +448,19 @@ class Collector(Runner):
         done: np.ndarray,
         stats: EpisodeStats,
         dropped: np.ndarray,
+        continues: np.ndarray,
     ) -> None:
         """(T, rows) arrays: episodes that ended are reported (not those ``dropped``); the
-        rest carry over."""
+        rest carry over, and so does a game whose termination ``continues`` (a life lost)."""
         start = np.zeros(reward.shape[1], dtype=np.int64)  # first step of each row's episode
         names = lane.agent_names
         for t, row in np.argwhere(done):  # in step order
             begin = start[row]
+            if continues[t, row]:
+                lane.episode_return[row] += reward[begin : t + 1, row].sum()
+                lane.episode_length[row] += valid[begin : t + 1, row].sum()
+                start[row] = t + 1
+                continue
             if not dropped[t, row]:
                 episode_return = lane.episode_return[row] + reward[begin : t + 1, row].sum()
                 stats.returns.append(float(episode_return))
@@ -527,4 +543,5 @@ def make_collector(config: Config, seed: int, num_envs: int, name: str = "local"
         num_steps=config.rollout.num_steps,
         obs_stats=config.env.obs_stats,
         name=name,
+        clip_reward=config.env.clip_reward,
     )

@@ -23,6 +23,9 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from trustrl.config import ConfigError
+from trustrl.envs import layout
+
 _ZERO = np.float32(0.0)
 
 # The Nature DQN network (Mnih et al. 2015), CleanRL's ppo_atari encoder: for 84x84 frames.
@@ -75,6 +78,34 @@ def default_layers(image_shape: Sequence[int], channels_last: bool) -> dict[str,
     height, width, _ = image_hwc(image_shape, channels_last)
     layers = NATURE_LAYERS if min(height, width) >= NATURE_MIN_SIDE else MINATAR_LAYERS
     return dict(layers)
+
+
+def cnn_settings(entry: dict[str, Any], policy: dict[str, Any]) -> dict[str, Any]:
+    """The image encoder's settings for an image entry of an observation layout
+    (envs/layout.py) and the policy table (``policy.cnn_*``, empty: ``default_layers``):
+    what ``ConvEncoder`` is built with and its twin reads, on both sides."""
+    shape = layout.image_shape(entry)
+    last = len(entry["shape"]) == 2 or layout.channels_last(shape)
+    layers = default_layers(shape, last)
+    if policy.get("cnn_channels"):
+        layers.update(
+            channels=tuple(policy["cnn_channels"]),
+            kernels=tuple(policy["cnn_kernels"]),
+            strides=tuple(policy["cnn_strides"]),
+        )
+    if policy.get("cnn_linear"):
+        layers["linear"] = int(policy["cnn_linear"])
+    try:
+        conv_sizes(shape, last, layers["channels"], layers["kernels"], layers["strides"])
+    except ValueError as exc:
+        raise ConfigError(f"policy.cnn_*: {exc}") from None
+    return {
+        "image_shape": list(shape),
+        "channels_last": last,
+        **{k: [int(v) for v in layers[k]] for k in ("channels", "kernels", "strides")},
+        "linear": int(layers["linear"]),
+        "scale": image_scale(entry["dtype"]),
+    }
 
 
 def conv_sizes(

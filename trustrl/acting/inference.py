@@ -73,10 +73,12 @@ class Inference:
         # The parts' numpy twins (acting/parts.py): each side's encoder, then the head's
         # linear layer (the actor) or the value layer (the critic).
         settings = description["policy"]
-        encoder = parts.encoder(settings.get("encoder", "mlp"))
-        self.actor = encoder.twin(settings, weights, "actor.")
+        entries = spec.get("obs_entries", ())
+        self.actor = parts.encoder_twin(entries, settings, weights, "actor.")
         self.head_linear = kernels.Dense(weights["head.linear.weight"], weights["head.linear.bias"])
-        self.critic = encoder.twin(settings, weights, "critic.0.")
+        # A critic reading a global state (multi-agent) reads a flat vector.
+        critic_entries = entries if description.get("critic_dim") is None else ()
+        self.critic = parts.encoder_twin(critic_entries, settings, weights, "critic.0.")
         self.value_linear = kernels.Dense(weights["critic.1.weight"], weights["critic.1.bias"])
         log_std = weights.get("head.log_std")
         self.head = kernels.numpy_head(

@@ -26,6 +26,12 @@ An encoder's contract, both sides:
 * numpy: ``twin(settings, weights, prefix)`` returns a callable ``(x, agent=None) ->
   features`` computing the same from the module's ``state_dict`` entries under ``prefix``
   (numpy arrays, as a policy snapshot holds them).
+
+A structured observation (an image, a Dict, Tuple or Discrete one; envs/layout.py) comes
+as a packed row; the registered encoder then reads the entries' features: each image
+entry through its own CNN (``front.<i>``: learner/cnn.py, its twin acting/conv.py), every
+other entry's columns as floats, then any extra columns (the agent id), concatenated, into
+the registered encoder (``body``): ``learner.policy.Structured`` and ``NumpyStructured``.
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from trustrl.acting import kernels
+from trustrl.acting.conv import NumpyConvEncoder, cnn_settings
 from trustrl.config import ConfigError
+from trustrl.envs.layout import Entry
 
 
 class EncoderTwin(Protocol):
@@ -115,3 +123,58 @@ class NumpyMLP:
 # The MLP on the flat observation vector: hidden layers of ``hidden_sizes``, each followed
 # by the activation (the heads' linear layers come after it).
 register_encoder("mlp", "trustrl.learner.policy:mlp_encoder", NumpyMLP)
+
+
+class NumpyStructured:
+    """The twin of ``learner.policy.Structured``: a packed row's entries -> each image
+    through its CNN twin, the other columns as float32, concatenated -> the body's twin."""
+
+    def __init__(
+        self,
+        entries: tuple[Entry, ...],
+        settings: dict[str, Any],
+        weights: dict[str, np.ndarray],
+        prefix: str,
+    ) -> None:
+        self.columns: list[tuple[int, int, NumpyConvEncoder | None]] = []
+        offset = 0
+        for index, entry in enumerate(entries):
+            cnn = None
+            if entry["kind"] == "image":
+                cnn = NumpyConvEncoder(
+                    cnn_settings(entry, settings), weights, f"{prefix}front.{index}."
+                )
+            self.columns.append((offset, offset + entry["width"], cnn))
+            offset += entry["width"]
+        self.width = offset
+        self.body = encoder(settings.get("encoder", "mlp")).twin(
+            settings, weights, f"{prefix}body."
+        )
+
+    def features(self, x: np.ndarray) -> np.ndarray:
+        """The body's input: (B, features) float32."""
+        pieces = []
+        for start, stop, cnn in self.columns:
+            if cnn is not None:
+                pieces.append(cnn(x[:, start:stop].reshape(len(x), *cnn.image_shape)))
+            else:
+                pieces.append(x[:, start:stop].astype(np.float32))
+        if x.shape[1] > self.width:  # the agent id's columns
+            pieces.append(x[:, self.width :].astype(np.float32))
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, 1)
+
+    def __call__(self, x: np.ndarray, agent: np.ndarray | None = None) -> np.ndarray:
+        return self.body(self.features(x), agent)
+
+
+def encoder_twin(
+    entries: tuple[Entry, ...] | list[Entry],
+    settings: dict[str, Any],
+    weights: dict[str, np.ndarray],
+    prefix: str,
+) -> EncoderTwin:
+    """The numpy twin of a policy's encoder under ``prefix``: the registered encoder's own
+    on a flat Box's row, ``NumpyStructured`` on a structured observation's."""
+    if entries:
+        return NumpyStructured(tuple(entries), settings, weights, prefix)
+    return encoder(settings.get("encoder", "mlp")).twin(settings, weights, prefix)

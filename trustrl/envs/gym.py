@@ -16,6 +16,13 @@ import gymnasium as gym
 import numpy as np
 
 from trustrl.config import ConfigError
+from trustrl.envs.atari import (
+    AtariFactory,
+    MinAtarFactory,
+    is_ale_id,
+    is_minatar_id,
+    register_namespace,
+)
 from trustrl.envs.rows import (
     AgentGroup,
     EnvState,
@@ -45,6 +52,7 @@ def check_env_id(env_id: str) -> None:
             except ConfigError:
                 raise original from None
         return
+    register_namespace(env_id)  # ALE/ and MinAtar/ ids: their package, on first use
     if env_id in gym.registry:
         return
     import difflib
@@ -58,14 +66,29 @@ def check_env_id(env_id: str) -> None:
 
 
 def env_factory(
-    env_id: str, kwargs: dict[str, Any] | None = None, **extra: Any
+    env_id: str,
+    kwargs: dict[str, Any] | None = None,
+    *,
+    frame_stack: int = 0,
+    episodic_life: bool = False,
+    **extra: Any,
 ) -> Callable[[], gym.Env]:
-    """A zero-argument callable that builds one environment (picklable for subprocesses)."""
+    """A zero-argument callable that builds one environment (picklable for subprocesses).
+
+    ``frame_stack`` and ``episodic_life`` are ``EnvConfig``'s: ALE ids get the Atari
+    preprocessing (``trustrl.envs.atari``; episodic life for training envs only), any
+    other env a FrameStackObservation where ``frame_stack`` > 0."""
     kwargs = {**(kwargs or {}), **extra}
+    factory: Callable[[], gym.Env]
+    if is_ale_id(env_id):
+        return AtariFactory(env_id, kwargs, frame_stack, episodic_life)
     if is_entry_point(env_id):
-        target = load_entry_point(env_id)
-        return _EntryPointFactory(target, kwargs)
-    return _GymFactory(env_id, kwargs)
+        factory = _EntryPointFactory(load_entry_point(env_id), kwargs)
+    elif is_minatar_id(env_id):
+        factory = MinAtarFactory(env_id, kwargs)
+    else:
+        factory = _GymFactory(env_id, kwargs)
+    return _FrameStackFactory(factory, frame_stack) if frame_stack else factory
 
 
 class _GymFactory:
@@ -74,6 +97,14 @@ class _GymFactory:
 
     def __call__(self) -> gym.Env:
         return gym.make(self.env_id, **self.kwargs)
+
+
+class _FrameStackFactory:
+    def __init__(self, make: Callable[[], gym.Env], stack_size: int) -> None:
+        self.make, self.stack_size = make, stack_size
+
+    def __call__(self) -> gym.Env:
+        return gym.wrappers.FrameStackObservation(self.make(), self.stack_size)
 
 
 class _EntryPointFactory:
@@ -88,7 +119,13 @@ class _EntryPointFactory:
 
 
 def has_vector_entry_point(env_id: str) -> bool:
-    return not is_entry_point(env_id) and gym.spec(env_id).vector_entry_point is not None
+    """Whether ``backend = "vector"`` can build the env. ALE ids have one in ale-py
+    (AtariVectorEnv, its own preprocessing in C++), which trustrl does not use: they
+    are built from Gymnasium's wrappers (``trustrl.envs.atari``), one env at a time."""
+    if is_entry_point(env_id) or is_ale_id(env_id):
+        return False
+    register_namespace(env_id)
+    return gym.spec(env_id).vector_entry_point is not None
 
 
 def resolve_backend(env_id: str, backend: str) -> str:
@@ -99,6 +136,11 @@ def resolve_backend(env_id: str, backend: str) -> str:
     """
     if backend == "auto":
         return "vector" if has_vector_entry_point(env_id) else "sync"
+    if backend == "vector" and is_ale_id(env_id):
+        raise ConfigError(
+            f"env.backend 'vector' is not for ALE ids ({env_id!r}): trustrl builds each "
+            f"Atari env from Gymnasium's wrappers (use sync, async or auto)"
+        )
     if backend == "vector" and not has_vector_entry_point(env_id):
         raise ConfigError(
             f"env.backend 'vector' needs an env with a vectorized implementation in Gymnasium; "
@@ -108,16 +150,29 @@ def resolve_backend(env_id: str, backend: str) -> str:
 
 
 def make_vec_env(
-    env_id: str, num_envs: int, backend: str = "auto", kwargs: dict[str, Any] | None = None
+    env_id: str,
+    num_envs: int,
+    backend: str = "auto",
+    kwargs: dict[str, Any] | None = None,
+    *,
+    frame_stack: int = 0,
+    episodic_life: bool = False,
 ) -> gym.vector.VectorEnv:
+    """Training envs; ``frame_stack`` and ``episodic_life`` as in ``env_factory``."""
     check_env_id(env_id)
     backend = resolve_backend(env_id, backend)
     kwargs = dict(kwargs or {})
     if backend == "vector":
+        if frame_stack:
+            raise ConfigError(
+                f"env.frame_stack wraps each env, which the env's own vectorized "
+                f"implementation ({env_id}) has not: use env.backend sync or async"
+            )
         return gym.make_vec(
             env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs
         )
-    fns = [env_factory(env_id, kwargs) for _ in range(num_envs)]
+    make = env_factory(env_id, kwargs, frame_stack=frame_stack, episodic_life=episodic_life)
+    fns = [make for _ in range(num_envs)]
     # copy=False: the vector env hands out its own buffers, which its next step overwrites;
     # SpaceSpec.split copies what it keeps, at a fraction of the deepcopy copy=True makes.
     if backend == "async":
@@ -327,8 +382,17 @@ def make_row_env(config: Any) -> RowEnv:
                 "env.nonfinite = 'drop' resets single envs, which the env's own vectorized "
                 "implementation cannot: use env.backend sync or async"
             )
-        envs = make_vec_env(config.env_id, config.env.num_envs, config.env.backend, kwargs)
-        return GymRows(envs, config.env_id, drop_nonfinite=drop)
+        envs = make_vec_env(
+            config.env_id,
+            config.env.num_envs,
+            config.env.backend,
+            kwargs,
+            frame_stack=config.env.frame_stack,
+            episodic_life=config.env.episodic_life,
+        )
+        return GymRows(
+            envs, config.env_id, drop_nonfinite=drop, image_keys=config.env.image_keys
+        )
 
 
 @contextlib.contextmanager
@@ -348,13 +412,29 @@ def env_kwargs_errors(env_id: str, kwargs: dict[str, Any]) -> Iterator[None]:
         ) from None
 
 
+def life_lost(info: dict[str, Any], terminated: np.ndarray) -> np.ndarray | None:
+    """``GroupStep.continues`` from a vector env's step info: the rows whose termination
+    is a lost life with the game going on (``info["game_over"]`` False, as
+    ``atari.EpisodicLife`` reports it); None when no env reports ``game_over``."""
+    if "game_over" not in info:
+        return None
+    game_over = np.asarray(info["game_over"], dtype=bool)
+    present = np.asarray(info.get("_game_over", np.ones_like(game_over)), dtype=bool)
+    return present & ~game_over & np.asarray(terminated, dtype=bool)
+
+
 class GymRows:
     """A Gymnasium vector env as one group with one row per env."""
 
     def __init__(
-        self, envs: gym.vector.VectorEnv, name: str = "the env", drop_nonfinite: bool = False
+        self,
+        envs: gym.vector.VectorEnv,
+        name: str = "the env",
+        drop_nonfinite: bool = False,
+        image_keys: tuple[str, ...] = (),
     ) -> None:
         self.envs = envs
+        self.image_keys = tuple(image_keys)
         self.num_envs = envs.num_envs
         self.name = name
         self.drop_nonfinite = drop_nonfinite
@@ -382,6 +462,7 @@ class GymRows:
                 self.envs.single_observation_space,
                 self.envs.single_action_space,
                 "action_mask" in info,
+                self.image_keys,
             )
             self._groups = [AgentGroup("", ("",), spec)]
         obs, mask = self.spec.split(raw, info)
@@ -393,7 +474,8 @@ class GymRows:
         raw, reward, terminated, truncated, info = self.envs.step(self.spec.to_env(actions[0]))
         self.env_steps += 1
         obs, mask = self.spec.split(raw, info)
-        observed, steps = [GroupObs(obs, mask)], [GroupStep(reward, terminated, truncated)]
+        step = GroupStep(reward, terminated, truncated, continues=life_lost(info, terminated))
+        observed, steps = [GroupObs(obs, mask)], [step]
         if self.drop_nonfinite:
             self._drop_nonfinite(observed[0], steps[0])
         check_finite(self.name, observed, steps, self.env_steps, self.groups)
@@ -416,6 +498,8 @@ class GymRows:
         step.reward = np.where(bad, 0.0, step.reward)
         step.terminated = np.asarray(step.terminated) & ~bad
         step.truncated = np.asarray(step.truncated) & ~bad
+        if step.continues is not None:
+            step.continues = step.continues & ~bad
         step.dropped = bad
 
     def capture(self) -> EnvState:

@@ -89,6 +89,10 @@ class GroupStep:
     """(rows,) bool: the row's episode was dropped at this step for a non-finite value
     (env.nonfinite = "drop"); the env was reset, and this step returned the first
     observation of a new episode, as the step after an episode end does."""
+    continues: np.ndarray | None = None
+    """(rows,) bool: the row's termination is a life loss and the game goes on (episodic
+    life, ``atari.EpisodicLife``); the episode's return carries on for reporting. None:
+    no row's env tells (every termination ends the game)."""
 
 
 class NonFiniteError(RuntimeError):

@@ -17,6 +17,8 @@ import gymnasium as gym
 import numpy as np
 
 from trustrl.config import ConfigError
+from trustrl.envs import layout
+from trustrl.envs.layout import Entry
 
 ActionKind = Literal["discrete", "multidiscrete", "box"]
 
@@ -41,10 +43,43 @@ class SpaceSpec:
     """Observations are dicts with 'observation' and 'action_mask' keys."""
     masked: bool = False
     """The env supplies a discrete action mask (dict observation or info['action_mask'])."""
+    obs_entries: tuple[Entry, ...] = ()
+    """A structured observation's layout (envs/layout.py): an image, Dict, Tuple, Discrete,
+    MultiDiscrete or MultiBinary observation as entries of one row; () for a flat Box,
+    whose row is the float32 vector."""
 
     @property
     def obs_dim(self) -> int:
+        """Columns of an observation's row: the flat vector, or every entry's columns."""
+        if self.obs_entries:
+            return sum(e["width"] for e in self.obs_entries)
         return math.prod(self.obs_shape)
+
+    @property
+    def obs_dtype(self) -> np.dtype:
+        """The dtype of an observation's row: uint8 where every entry fits a byte (frames,
+        one-hots), float32 otherwise."""
+        return layout.row_dtype(self.obs_entries) if self.obs_entries else np.dtype(np.float32)
+
+    @property
+    def vector_dim(self) -> int:
+        """The row's leading columns that are float vectors: what the observation
+        normalizer covers (all of a flat Box's row, none of a frame's)."""
+        return layout.vector_width(self.obs_entries) if self.obs_entries else self.obs_dim
+
+    @property
+    def image_keys(self) -> tuple[str, ...]:
+        """The float entries taken as images (``env.image_keys``), to lay out an env's
+        spaces as this spec did."""
+        return tuple(
+            e["key"]
+            for e in self.obs_entries
+            if e["kind"] == "image" and e["dtype"] not in ("uint8", "bool")
+        )
+
+    @property
+    def has_images(self) -> bool:
+        return any(e["kind"] == "image" for e in self.obs_entries)
 
     @property
     def mask_dim(self) -> int | None:
@@ -57,27 +92,36 @@ class SpaceSpec:
 
     @classmethod
     def from_spaces(
-        cls, observation_space: gym.Space, action_space: gym.Space, info_mask: bool = False
+        cls,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        info_mask: bool = False,
+        image_keys: tuple[str, ...] = (),
     ) -> SpaceSpec:
-        dict_obs = isinstance(observation_space, gym.spaces.Dict)
-        if isinstance(observation_space, gym.spaces.Dict):
-            keys = set(observation_space.spaces)
-            if keys != {"observation", "action_mask"}:
-                raise ConfigError(
-                    "dict observations must have exactly the keys 'observation' and "
-                    f"'action_mask', got {sorted(keys)}"
-                )
-            observation_space = observation_space["observation"]
-        if not isinstance(observation_space, gym.spaces.Box):
-            raise ConfigError(
-                f"observation space must be a Box (or a Dict of observation and action_mask), "
-                f"got {observation_space}"
-            )
-        obs_shape = tuple(int(d) for d in observation_space.shape)
+        """The spec of an env's spaces; ``image_keys`` names float Box entries to take as
+        images (``env.image_keys``; "" for a whole Box observation)."""
+        dict_obs = isinstance(observation_space, gym.spaces.Dict) and set(
+            observation_space.spaces
+        ) == {"observation", "action_mask"}
+        if dict_obs:  # the action-mask convention: the observation is its "observation"
+            observation_space = observation_space["observation"]  # type: ignore[index]
+        entries = tuple(layout.entries_of(observation_space, image_keys))
+        if not entries:
+            obs_shape = tuple(int(d) for d in observation_space.shape)  # type: ignore[union-attr]
+        elif len(entries) == 1 and entries[0]["key"] == "":
+            obs_shape = tuple(entries[0]["shape"])
+        else:
+            obs_shape = (sum(e["width"] for e in entries),)
         masked = dict_obs or info_mask
         if isinstance(action_space, gym.spaces.Discrete):
             return cls(
-                obs_shape, "discrete", (), (int(action_space.n),), dict_obs=dict_obs, masked=masked
+                obs_shape,
+                "discrete",
+                (),
+                (int(action_space.n),),
+                dict_obs=dict_obs,
+                masked=masked,
+                obs_entries=entries,
             )
         if masked:
             raise ConfigError(
@@ -89,7 +133,7 @@ class SpaceSpec:
                     f"MultiDiscrete actions must be one-dimensional, got {action_space}"
                 )
             nvec = tuple(int(n) for n in action_space.nvec)
-            return cls(obs_shape, "multidiscrete", (len(nvec),), nvec)
+            return cls(obs_shape, "multidiscrete", (len(nvec),), nvec, obs_entries=entries)
         if isinstance(action_space, gym.spaces.Box):
             size = math.prod(action_space.shape)
             return cls(
@@ -99,6 +143,7 @@ class SpaceSpec:
                 low=tuple(float(x) for x in action_space.low.reshape(-1)),
                 high=tuple(float(x) for x in action_space.high.reshape(-1)),
                 env_action_shape=tuple(int(d) for d in action_space.shape),
+                obs_entries=entries,
             )
         raise ConfigError(
             f"action space must be Discrete, MultiDiscrete or Box, got {action_space}"
@@ -112,7 +157,16 @@ class SpaceSpec:
             actions = f"MultiDiscrete({list(self.nvec)})"
         else:
             actions = f"Box{self.env_action_shape}"
-        return f"observations of shape {self.obs_shape}, {actions} actions"
+        if self.obs_entries and not (len(self.obs_entries) == 1 and not self.obs_entries[0]["key"]):
+            observed = "observations of entries " + ", ".join(
+                f"{e['key']}: {e['kind']} {tuple(e['shape'])}" for e in self.obs_entries
+            )
+        elif self.obs_entries:
+            entry = self.obs_entries[0]
+            observed = f"{entry['kind']} observations of shape {self.obs_shape} ({entry['dtype']})"
+        else:
+            observed = f"observations of shape {self.obs_shape}"
+        return f"{observed}, {actions} actions"
 
     def compatible(self, other: SpaceSpec) -> bool:
         """Whether a policy for ``self`` can act in an env of ``other`` (same shapes and
@@ -123,6 +177,7 @@ class SpaceSpec:
             and self.action_shape == other.action_shape
             and self.nvec == other.nvec
             and self.dict_obs == other.dict_obs
+            and layout.same(self.obs_entries, other.obs_entries)
         )
 
     def is_single(self, raw: Any) -> bool:
@@ -135,6 +190,8 @@ class SpaceSpec:
                     f"'action_mask', got {type(raw).__name__}"
                 )
             raw = raw["observation"]
+        if self.obs_entries:
+            return layout.is_single(self.obs_entries, raw)
         shape = np.shape(raw)
         if tuple(shape) == self.obs_shape:
             return True
@@ -148,14 +205,18 @@ class SpaceSpec:
     def split(
         self, raw: Any, info: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """A batch of raw observations -> (float32 (B, obs_dim), bool (B, A) mask or None),
-        always new arrays (a vector env may reuse the buffers it returned)."""
+        """A batch of raw observations -> (rows (B, obs_dim) of ``obs_dtype``, bool (B, A)
+        mask or None), always new arrays (a vector env may reuse the buffers it returned).
+        A structured observation is packed into its row (envs/layout.py), each entry
+        checked against its space."""
         mask = None
         if self.dict_obs:
             mask = np.array(raw["action_mask"], dtype=bool)
             raw = raw["observation"]
         elif self.masked:
-            mask = _info_mask(info, len(raw), self.mask_dim or 0)
+            mask = _info_mask(info, _batch_size(self, raw), self.mask_dim or 0)
+        if self.obs_entries:
+            return layout.pack(self.obs_entries, raw, self.obs_dim, self.obs_dtype), mask
         obs = np.array(raw, dtype=np.float32).reshape(len(raw), self.obs_dim)
         return obs, mask
 
@@ -183,7 +244,10 @@ class SpaceSpec:
         return np.asarray(self.high, dtype=np.float32)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        data = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        if not self.obs_entries:  # a flat Box's spec reads as it always did
+            del data["obs_entries"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SpaceSpec:
@@ -191,6 +255,12 @@ class SpaceSpec:
             k: tuple(v) if isinstance(v, list) else v for k, v in data.items()
         }
         return cls(**fields)
+
+
+def _batch_size(spec: SpaceSpec, raw: Any) -> int:
+    if spec.obs_entries:
+        return len(layout.pick(raw, spec.obs_entries[0]["key"]))
+    return len(raw)
 
 
 def _info_mask(info: dict[str, Any] | None, batch: int, size: int) -> np.ndarray:

@@ -19,9 +19,12 @@ import torch
 from torch import Tensor, nn
 
 from trustrl.acting import parts
+from trustrl.acting.conv import cnn_settings
 from trustrl.config import PolicyConfig
+from trustrl.envs.layout import Entry
 from trustrl.envs.rows import AgentGroup
 from trustrl.envs.spaces import SpaceSpec
+from trustrl.learner.cnn import ConvEncoder
 from trustrl.learner.heads import (
     ActionHead,
     CategoricalHead,
@@ -83,6 +86,10 @@ class RunningMeanStd(nn.Module):
         self.numpy.merge(delta)
 
     def forward(self, x: Tensor) -> Tensor:
+        width = self.mean.shape[-1] if self.mean.dim() == 1 else None
+        if width is not None and x.shape[-1] > width:
+            # A structured row: its leading columns are the float vectors (envs/layout.py).
+            return torch.cat([self.forward(x[..., :width]), x[..., width:].to(x.dtype)], -1)
         scale = torch.rsqrt(self.var.to(x.dtype) + self.epsilon)
         return ((x - self.mean.to(x.dtype)) * scale).clamp(-self.clip, self.clip)
 
@@ -113,6 +120,64 @@ def mlp_encoder(in_features: int, settings: dict[str, Any], num_agents: int | No
     if num_agents is not None:
         return StackedMLP(num_agents, in_features, hidden, activation)
     return MLP(in_features, hidden, activation)
+
+
+class Structured(nn.Module):
+    """The encoder of a structured observation (envs/layout.py; acting/parts.py): the
+    packed row's entries, each image through its own CNN (``front.<i>``), every other
+    entry's columns as floats, then any extra columns (the agent id), concatenated into
+    the registered encoder (``body``). Its numpy twin is ``parts.NumpyStructured``."""
+
+    def __init__(
+        self,
+        entries: tuple[Entry, ...],
+        settings: dict[str, Any],
+        extra: int,
+        num_agents: int | None,
+    ) -> None:
+        super().__init__()
+        self.front = nn.ModuleDict()
+        self.columns: list[tuple[int, int, str | None]] = []
+        offset, features = 0, extra
+        for index, entry in enumerate(entries):
+            name = None
+            if entry["kind"] == "image":
+                name = str(index)
+                cnn = ConvEncoder(**cnn_settings(entry, settings))
+                self.front[name] = cnn
+                features += cnn.out_features
+            else:
+                features += entry["width"]
+            self.columns.append((offset, offset + entry["width"], name))
+            offset += entry["width"]
+        self.width = offset
+        self.body = parts.encoder(settings["encoder"]).build_torch(features, settings, num_agents)
+        self.out_features: int = self.body.out_features
+
+    def forward(self, x: Tensor, agent: Tensor | None = None) -> Tensor:
+        pieces = []
+        for start, stop, name in self.columns:
+            columns = x[:, start:stop]
+            if name is not None:
+                cnn = cast("ConvEncoder", self.front[name])
+                pieces.append(cnn(columns.reshape(len(x), *cnn.image_shape)))
+            else:
+                pieces.append(columns.to(torch.float32))
+        if x.shape[1] > self.width:  # the agent id's columns
+            pieces.append(x[:, self.width :].to(torch.float32))
+        features = pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
+        return self.body(features, agent)
+
+
+def build_encoder(
+    entries: tuple[Entry, ...], in_features: int, settings: dict[str, Any], num_agents: int | None
+) -> nn.Module:
+    """A policy's encoder over rows of ``in_features`` columns: the registered encoder on a
+    flat Box's row, ``Structured`` around it on a structured observation's."""
+    if entries:
+        width = sum(e["width"] for e in entries)
+        return Structured(entries, settings, in_features - width, num_agents)
+    return parts.encoder(settings["encoder"]).build_torch(in_features, settings, num_agents)
 
 
 def orthogonal_init(module: nn.Module, gain: float) -> None:
@@ -188,7 +253,13 @@ class Policy(nn.Module):
         self.per_agent = per_agent
         self.agent_id = agent_id
         self.critic_dim = critic_dim
-        self.obs_normalizer = RunningMeanStd(spec.obs_dim, clip=obs_clip) if normalize_obs else None
+        # The normalizer covers the row's float vectors (all of a flat Box's row, none of a
+        # frame's: images are scaled inside the model).
+        self.obs_normalizer = (
+            RunningMeanStd(spec.vector_dim, clip=obs_clip)
+            if normalize_obs and spec.vector_dim
+            else None
+        )
         self.critic_normalizer = (
             RunningMeanStd(critic_dim, clip=obs_clip) if normalize_obs and critic_dim else None
         )
@@ -197,21 +268,25 @@ class Policy(nn.Module):
         # The parts (acting/parts.py): an encoder each for the actor and the critic, then
         # the action head and the value layer. Built in this order: the initial weights
         # depend on the order the modules draw from torch's generator.
-        encoder, settings = parts.encoder(config.encoder), asdict(config)
+        settings, entries = asdict(config), spec.obs_entries
         id_width = num_agents if agent_id else 0
         self.actor: nn.Module
         self.head: ActionHead
         if per_agent:
-            self.actor = encoder.build_torch(spec.obs_dim, settings, num_agents)
+            self.actor = build_encoder(entries, spec.obs_dim, settings, num_agents)
             features: int = self.actor.out_features  # type: ignore[assignment]
             self.head = make_head(spec, features, config, num_agents)  # type: ignore[assignment]
         else:
-            self.actor = encoder.build_torch(spec.obs_dim + id_width, settings, None)
+            self.actor = build_encoder(entries, spec.obs_dim + id_width, settings, None)
             features = self.actor.out_features  # type: ignore[assignment]
             self.head = make_head(spec, features, config)  # type: ignore[assignment]
         critic_in = (critic_dim or spec.obs_dim) + id_width
-        critic_encoder = encoder.build_torch(critic_in, settings, None)
-        self.critic = nn.Sequential(critic_encoder, nn.Linear(critic_encoder.out_features, 1))
+        # A critic reading a global state (multi-agent) reads a flat vector.
+        critic_encoder = build_encoder(
+            entries if critic_dim is None else (), critic_in, settings, None
+        )
+        critic_features = cast("int", critic_encoder.out_features)
+        self.critic = nn.Sequential(critic_encoder, nn.Linear(critic_features, 1))
         if config.ortho_init:
             orthogonal_init(self.actor, math.sqrt(2))
             orthogonal_init(self.critic[0], math.sqrt(2))
@@ -401,7 +476,9 @@ class Policy(nn.Module):
     @classmethod
     def from_description(cls, description: dict[str, Any]) -> Policy:
         policy_table = dict(description["policy"])
-        policy_table["hidden_sizes"] = tuple(policy_table["hidden_sizes"])
+        for name in ("hidden_sizes", "cnn_channels", "cnn_kernels", "cnn_strides"):
+            if name in policy_table:
+                policy_table[name] = tuple(policy_table[name])
         return cls(
             SpaceSpec.from_json(description["spec"]),
             PolicyConfig(**policy_table),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 import numpy as np
 import torch
@@ -74,10 +74,12 @@ class Rollout:
         mask_dim: int | None = None,
         critic_dim: int | None = None,
         num_agents: int = 1,
+        obs_dtype: Any = np.float32,
     ) -> None:
         t, n = num_steps, num_rows
         self.num_steps, self.num_rows = t, n
-        self.obs = torch.zeros((t, n, obs_dim))  # (T, N, obs_dim), normalized as acted on
+        # (T, N, obs_dim), normalized as acted on; uint8 rows of frames stay bytes.
+        self.obs = torch.zeros((t, n, obs_dim), dtype=getattr(torch, np.dtype(obs_dtype).name))
         # (T, N, critic_dim) critic input where it is not the observation (a global state).
         self.critic_obs = torch.zeros((t, n, critic_dim)) if critic_dim is not None else None
         # (N,) agent index of each row: rows are (env, agent) pairs, agent fastest.
@@ -113,6 +115,7 @@ class Rollout:
             spec.mask_dim,
             group.critic_dim,
             group.num_agents,
+            spec.obs_dtype,
         )
 
     @classmethod

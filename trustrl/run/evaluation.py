@@ -64,8 +64,12 @@ def evaluate(
     deterministic: bool = True,
     seed: int = 0,
     env_kwargs: dict[str, Any] | None = None,
+    frame_stack: int = 0,
 ) -> EvalResult:
-    """Mean and spread of the episode return over ``episodes`` seeded episodes."""
+    """Mean and spread of the episode return over ``episodes`` seeded episodes.
+
+    ``frame_stack`` is the run's ``env.frame_stack``. Atari episodes are whole games
+    (no episodic life, whatever the training used)."""
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
     if isinstance(policy, MultiAgentPolicy):
@@ -87,7 +91,7 @@ def evaluate(
     act = _Actor(policy, deterministic, seed)
     returns: list[float] = [0.0] * episodes
     lengths: list[int] = [0] * episodes
-    make = env_factory(env_id, env_kwargs)
+    make = env_factory(env_id, env_kwargs, frame_stack=frame_stack)
     with env_kwargs_errors(env_id, dict(env_kwargs or {})):
         envs = [make() for _ in range(min(episodes, PARALLEL))]
     try:
@@ -121,7 +125,9 @@ PARALLEL = 16  # episodes evaluated at once
 def check_spaces(spec: SpaceSpec, env: gym.Env, env_id: str) -> None:
     """Refuse an env whose spaces the policy was not trained for, naming both."""
     try:
-        env_spec = SpaceSpec.from_spaces(env.observation_space, env.action_space)
+        env_spec = SpaceSpec.from_spaces(
+            env.observation_space, env.action_space, image_keys=spec.image_keys
+        )
     except ConfigError as exc:
         raise ValueError(f"{env_id}: {exc}") from None
     if not spec.compatible(env_spec):
@@ -155,7 +161,9 @@ class _Actor:
 
 def _stack(obs: list[Any]) -> Any:
     if isinstance(obs[0], dict):
-        return {k: np.stack([np.asarray(o[k]) for o in obs]) for k in obs[0]}
+        return {k: _stack([o[k] for o in obs]) for k in obs[0]}
+    if isinstance(obs[0], tuple):
+        return tuple(_stack([o[i] for o in obs]) for i in range(len(obs[0])))
     return np.stack([np.asarray(o) for o in obs])
 
 

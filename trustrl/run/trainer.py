@@ -614,6 +614,7 @@ class Trainer:
             deterministic=True,
             seed=cfg.seed + 1_000_000,
             env_kwargs=cfg.env.kwargs,
+            frame_stack=cfg.env.frame_stack,
         )
 
     def _periodic_eval(self, recent_mean: float | None) -> EvalResult | None:

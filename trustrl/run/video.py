@@ -37,9 +37,12 @@ def record(
     seed: int = 0,
     env_kwargs: dict[str, Any] | None = None,
     name_prefix: str = "eval",
+    frame_stack: int = 0,
 ) -> Recording:
     """Run ``episodes`` episodes (reset seeds ``seed + i``, as ``evaluate`` does) and write
-    each as ``<folder>/<name_prefix>-episode-<i>.mp4``."""
+    each as ``<folder>/<name_prefix>-episode-<i>.mp4``. ``frame_stack``: the run's
+    ``env.frame_stack``; Atari episodes are whole games, recorded at the console's
+    frames (210 x 160, RGB), MinAtar's grids 16 pixels a cell."""
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
     from trustrl.learner.policy import MultiAgentPolicy
@@ -51,7 +54,7 @@ def record(
         )
     from gymnasium.wrappers import RecordVideo
 
-    env = env_factory(env_id, env_kwargs, render_mode="rgb_array")()
+    env = env_factory(env_id, env_kwargs, frame_stack=frame_stack, render_mode="rgb_array")()
     env = RecordVideo(env, str(folder), episode_trigger=lambda _: True, name_prefix=name_prefix)
     returns, lengths = [], []
     try:

@@ -234,6 +234,8 @@ class NumpyGradients:
     def unsupported(policy: Policy) -> str | None:
         """Why this backend cannot serve ``policy``, or None where it can."""
         head = policy.head
+        if policy.spec.obs_entries:  # rows of frames, one-hots or Dict entries
+            return "its observations are structured (an image, Dict, Tuple or Discrete one)"
         if policy.config.encoder != "mlp":  # the backward pass is the MLP's (kernels.backward)
             return f"its encoder is {policy.config.encoder!r}, not the MLP"
         if policy.per_agent:
