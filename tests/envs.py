@@ -321,3 +321,78 @@ class NonFiniteEnv(gym.Env):
         hit = self._hit()
         reward = self.value if self.where == "reward" and hit else float(action)
         return self._obs(hit), reward, self.episode_step >= 10, False, {}
+
+
+class DotEnv(gym.Env):
+    """A structured-observation task a policy solves in a few thousand steps: a dot is
+    drawn in one half of a small grid and the action says which half (Discrete(2)):
+    reward 1 when right, 0 otherwise; episodes of ``length`` steps.
+
+    ``kind`` picks the observation: "uint8" a (6, 6, 1) uint8 frame (0 or 255), "bool" a
+    (6, 6, 2) bool grid (channels last, as MinAtar's), "first" a (2, 6, 6) uint8 frame
+    (channels first, as FrameStackObservation's), "dict" a Dict of the bool grid
+    ("grid"), a float vector ("vec", noise) and a Discrete ("count", the step), "tuple"
+    a Tuple of a Discrete (the dot's half, 0 or 1) and a MultiBinary(3) (noise).
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 4}
+
+    def __init__(self, kind: str = "uint8", length: int = 8, render_mode: str | None = None):
+        self.kind, self.length, self.render_mode = kind, length, render_mode
+        grid = spaces.Box(0, 1, (6, 6, 2), bool)
+        self.observation_space: spaces.Space = {
+            "uint8": spaces.Box(0, 255, (6, 6, 1), np.uint8),
+            "bool": grid,
+            "first": spaces.Box(0, 255, (2, 6, 6), np.uint8),
+            "dict": spaces.Dict(
+                {
+                    "grid": grid,
+                    "vec": spaces.Box(-1.0, 1.0, (2,), np.float32),
+                    "count": spaces.Discrete(length + 1),
+                }
+            ),
+            "tuple": spaces.Tuple((spaces.Discrete(2), spaces.MultiBinary(3))),
+        }[kind]
+        self.action_space = spaces.Discrete(2)
+        self.side = 0
+        self.row = 0
+        self.steps = 0
+
+    def _grid(self) -> np.ndarray:
+        grid = np.zeros((6, 6), dtype=np.uint8)
+        grid[self.row, self.side * 3 + self.row % 3] = 1
+        return grid
+
+    def _obs(self) -> Any:
+        self.side = int(self.np_random.integers(2))
+        self.row = int(self.np_random.integers(6))
+        grid = self._grid()
+        if self.kind == "uint8":
+            return (grid * 255)[:, :, None]
+        if self.kind == "first":
+            return np.stack([grid * 255, np.zeros_like(grid)])
+        if self.kind == "tuple":
+            return (self.side, self.np_random.integers(0, 2, 3).astype(np.int8))
+        bools = np.stack([grid.astype(bool), np.zeros((6, 6), bool)], -1)
+        if self.kind == "bool":
+            return bools
+        return {
+            "grid": bools,
+            "vec": self.np_random.uniform(-1, 1, 2).astype(np.float32),
+            "count": self.steps,
+        }
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.steps = 0
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        reward = float(int(action) == self.side)
+        self.steps += 1
+        return self._obs(), reward, False, self.steps >= self.length, {}
+
+    def render(self) -> np.ndarray:
+        return np.repeat(self._grid()[:, :, None] * 255, 3, -1)
