@@ -242,6 +242,43 @@ def test_a_per_agent_body_shares_the_image_encoder() -> None:
     np.testing.assert_allclose(out, logits.numpy(), atol=TOLERANCE)
 
 
+@pytest.mark.parametrize("per_agent", [False, True])
+def test_a_shared_encoder_feeds_the_value_layer_the_actors_features(per_agent: bool) -> None:
+    torch.manual_seed(0)
+    spec = SpaceSpec.from_spaces(DICT, spaces.Discrete(3))
+    config = PolicyConfig(hidden_sizes=(16,), share_encoder=True)
+    policy = Policy(spec, config, num_agents=2, per_agent=per_agent)
+    assert not list(policy.critic[0].parameters())  # no encoder of its own
+    rows, _ = spec.split(_batch(DICT, 8))
+    agent = np.arange(8) % 2
+    x, a = torch.from_numpy(rows), torch.from_numpy(agent)
+    with torch.no_grad():
+        features = policy.features(x, a)
+        values = policy.value_raw(x, agent=a)
+        np.testing.assert_allclose(values, policy.critic[1](features).squeeze(-1))
+        np.testing.assert_allclose(policy.value_raw(x, agent=a, features=features), values)
+    inference = Inference(GroupSnapshot.of(policy))
+    np.testing.assert_allclose(inference.value(rows, agent=agent), values.numpy(), atol=TOLERANCE)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"algo": "trpo"}, r"policy.share_encoder: TRPO .* cannot share an encoder"),
+        (
+            {"ppo": {"pi_lr": 1e-3, "vf_lr": 1e-3}},
+            r"policy.share_encoder trains one encoder with both losses",
+        ),
+    ],
+)
+def test_a_shared_encoder_is_refused_where_the_losses_are_apart(
+    tmp_path: Path, overrides: dict[str, Any], message: str
+) -> None:
+    config = _config(tmp_path, "bool", policy={"share_encoder": True}, **overrides)
+    with pytest.raises(ConfigError, match=message):
+        trustrl.Trainer(config)
+
+
 def test_bad_cnn_settings_are_refused_naming_the_field() -> None:
     spec = SpaceSpec.from_spaces(GRID, spaces.Discrete(2))
     with pytest.raises(ConfigError, match=r"policy.cnn_\*: conv layers .* leave nothing"):
@@ -341,6 +378,15 @@ def test_ppo_learns_structured_observations_checkpoints_and_resumes(
     )
     resumed.train()
     assert resumed.env_steps == 6400
+
+
+def test_ppo_learns_with_a_shared_encoder(tmp_path: Path) -> None:
+    # Returns up to 8 unscaled: their value loss would swamp the shared encoder's policy
+    # gradient (it stays at chance); scaled, as Atari's clipped rewards are, it learns.
+    env = {"num_envs": 4, "kwargs": {"kind": "first"}, "normalize_reward": True}
+    trainer = trustrl.Trainer(_config(tmp_path, "first", policy={"share_encoder": True}, env=env))
+    trainer.train()
+    assert trainer.eval_result is not None and trainer.eval_result.mean_return >= 7.0
 
 
 def test_trpo_learns_from_frames(tmp_path: Path) -> None:

@@ -242,6 +242,8 @@ class PolicyConfig:
     """Stride of each conv layer (with cnn_channels)."""
     cnn_linear: int = 0
     """Width of the linear layer after the convolutions (ReLU); 0: the default (512 for the Nature CNN, 128 for small grids)."""
+    share_encoder: bool = False
+    """The critic's value layer reads the actor's encoder features (one encoder, trained by both losses, run once per minibatch), as CleanRL's ppo_atari and SB3's CnnPolicy do; halves the convolutions of an image policy. PPO with one optimizer only (not TRPO, not pi_lr/vf_lr)."""
 
     def __post_init__(self) -> None:
         _check_types(self, "policy.")

@@ -78,7 +78,12 @@ class Inference:
         self.head_linear = kernels.Dense(weights["head.linear.weight"], weights["head.linear.bias"])
         # A critic reading a global state (multi-agent) reads a flat vector.
         critic_entries = entries if description.get("critic_dim") is None else ()
-        self.critic = parts.encoder_twin(critic_entries, settings, weights, "critic.0.")
+        self.shared = bool(settings.get("share_encoder", False))
+        self.critic = (
+            self.actor  # the critic's value layer reads the actor's features
+            if self.shared
+            else parts.encoder_twin(critic_entries, settings, weights, "critic.0.")
+        )
         self.value_linear = kernels.Dense(weights["critic.1.weight"], weights["critic.1.bias"])
         log_std = weights.get("head.log_std")
         self.head = kernels.numpy_head(
@@ -187,5 +192,8 @@ class Inference:
         self, x: np.ndarray, critic_x: np.ndarray | None, agent: np.ndarray | None
     ) -> np.ndarray:
         """The critic's output (standardized with value normalization): ``value_raw``."""
+        if self.shared:
+            actor_in = x if self.per_agent else self._with_id(x, agent)
+            return self.value_linear(self.actor(actor_in, agent))[:, 0]
         critic_in = self._with_id(critic_x if critic_x is not None else x, agent)
         return self.value_linear(self.critic(critic_in))[:, 0]

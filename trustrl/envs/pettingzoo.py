@@ -154,6 +154,12 @@ class ParallelRows:
             obs_space = env.observation_space(members[0])
             act_space = env.action_space(members[0])
             spec = SpaceSpec.from_spaces(obs_space, act_space, members[0] in self._info_masks)
+            if spec.obs_entries:
+                raise ConfigError(
+                    f"{members[0]}'s observations are {spec.summary().split(',')[0]}: "
+                    "multi-agent groups take flat Box observations (images, Dict, Tuple and "
+                    "Discrete observations are for single-agent envs)"
+                )
             critic_dim = {
                 "local": None,
                 "global": self.state_dim,

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from trustrl.acting import parts
 from trustrl.acting.conv import cnn_settings
-from trustrl.config import PolicyConfig
+from trustrl.config import ConfigError, PolicyConfig
 from trustrl.envs.layout import Entry
 from trustrl.envs.rows import AgentGroup
 from trustrl.envs.spaces import SpaceSpec
@@ -169,6 +169,18 @@ class Structured(nn.Module):
         return self.body(features, agent)
 
 
+class SharedFeatures(nn.Module):
+    """The critic's encoder where it shares the actor's (``policy.share_encoder``): no
+    weights of its own; ``Policy.value_raw`` feeds the value layer the actor's features."""
+
+    def __init__(self, out_features: int) -> None:
+        super().__init__()
+        self.out_features = out_features
+
+    def forward(self, x: Tensor, agent: Tensor | None = None) -> Tensor:
+        raise RuntimeError("a shared critic encoder is the actor's: call Policy.value_raw")
+
+
 def build_encoder(
     entries: tuple[Entry, ...], in_features: int, settings: dict[str, Any], num_agents: int | None
 ) -> nn.Module:
@@ -281,10 +293,20 @@ class Policy(nn.Module):
             features = self.actor.out_features  # type: ignore[assignment]
             self.head = make_head(spec, features, config)  # type: ignore[assignment]
         critic_in = (critic_dim or spec.obs_dim) + id_width
-        # A critic reading a global state (multi-agent) reads a flat vector.
-        critic_encoder = build_encoder(
-            entries if critic_dim is None else (), critic_in, settings, None
-        )
+        self.share_encoder = config.share_encoder
+        critic_encoder: nn.Module
+        if config.share_encoder:  # the critic's value layer reads the actor's features
+            if critic_dim is not None:
+                raise ConfigError(
+                    "policy.share_encoder: this critic reads a global state "
+                    "(multiagent.critic_input), not the actor's observation"
+                )
+            critic_encoder = SharedFeatures(features)
+        else:
+            # A critic reading a global state (multi-agent) reads a flat vector.
+            critic_encoder = build_encoder(
+                entries if critic_dim is None else (), critic_in, settings, None
+            )
         critic_features = cast("int", critic_encoder.out_features)
         self.critic = nn.Sequential(critic_encoder, nn.Linear(critic_features, 1))
         if config.ortho_init:
@@ -311,19 +333,41 @@ class Policy(nn.Module):
             raise ValueError("this policy appends agent ids: give the agent index of every row")
         return torch.cat([x, nn.functional.one_hot(agent, self.num_agents).to(x.dtype)], -1)
 
-    def dist_params(
-        self, obs: Tensor, mask: Tensor | None = None, agent: Tensor | None = None
-    ) -> Tensor:
+    def features(self, obs: Tensor, agent: Tensor | None = None) -> Tensor:
+        """The actor's encoder output (with ``policy.share_encoder``, the critic's too)."""
         if self.per_agent:
             if agent is None:
                 raise ValueError("per-agent actors need the agent index of every row")
-            return self.head.forward(self.actor(obs, agent), mask, agent)
-        return self.head.forward(self.actor(self._with_id(obs, agent)), mask)
+            return self.actor(obs, agent)
+        return self.actor(self._with_id(obs, agent))
+
+    def dist_params(
+        self,
+        obs: Tensor,
+        mask: Tensor | None = None,
+        agent: Tensor | None = None,
+        features: Tensor | None = None,
+    ) -> Tensor:
+        """The action head's parameters; ``features`` given (``features(obs, agent)``,
+        computed once for the actor and a shared critic), the encoder is not run again."""
+        if features is None:
+            features = self.features(obs, agent)
+        if self.per_agent:
+            return self.head.forward(features, mask, agent)
+        return self.head.forward(features, mask)
 
     def value_raw(
-        self, obs: Tensor, critic_obs: Tensor | None = None, agent: Tensor | None = None
+        self,
+        obs: Tensor,
+        critic_obs: Tensor | None = None,
+        agent: Tensor | None = None,
+        features: Tensor | None = None,
     ) -> Tensor:
         """The critic's output (standardized when value normalization is on)."""
+        if self.share_encoder:  # the value layer on the actor's features
+            if features is None:
+                features = self.features(obs, agent)
+            return self.critic[1](features).squeeze(-1)
         x = critic_obs if critic_obs is not None else obs
         return self.critic(self._with_id(x, agent)).squeeze(-1)
 

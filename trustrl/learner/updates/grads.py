@@ -180,9 +180,11 @@ class TorchGradients:
         cfg, policy = self.config, self.policy
         terms: Terms = {}
         losses: dict[str, Tensor] = {}  # each optimizer's loss
+        # A shared encoder runs once for the actor and the critic (policy.share_encoder).
+        features = policy.features(mb.obs, mb.agent) if policy.share_encoder else None
         if fit_policy:
             assert clip_coef is not None and self.actor_key is not None
-            params = policy.dist_params(mb.obs, mb.action_mask, mb.agent)
+            params = policy.dist_params(mb.obs, mb.action_mask, mb.agent, features)
             logprob = policy.head.log_prob(params, mb.actions)
             # Reported, not trained on, without an entropy bonus: out of the backward pass.
             with torch.set_grad_enabled(bool(cfg.ent_coef)):
@@ -203,7 +205,7 @@ class TorchGradients:
                 )
         if fit_value:
             assert self.critic_key is not None
-            values = policy.value_raw(mb.obs, mb.critic_obs, mb.agent)
+            values = policy.value_raw(mb.obs, mb.critic_obs, mb.agent, features)
             value = value_terms(values, mb.values, mb.returns, cfg.vf_clip_coef)["loss_v"]
             terms["loss_v"] = float(value.detach())
             # vf_coef weighs the value term where one optimizer holds both networks.
@@ -234,6 +236,8 @@ class NumpyGradients:
     def unsupported(policy: Policy) -> str | None:
         """Why this backend cannot serve ``policy``, or None where it can."""
         head = policy.head
+        if policy.share_encoder:
+            return "its actor and critic share an encoder"
         if policy.spec.obs_entries:  # rows of frames, one-hots or Dict entries
             return "its observations are structured (an image, Dict, Tuple or Discrete one)"
         if policy.config.encoder != "mlp":  # the backward pass is the MLP's (kernels.backward)

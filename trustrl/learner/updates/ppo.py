@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trustrl.config import PPOConfig
+from trustrl.config import ConfigError, PPOConfig
 from trustrl.learner.losses import explained_variance
 from trustrl.learner.optim import Adam, clip_grad_norm
 from trustrl.learner.policy import Policy
@@ -54,6 +54,11 @@ class PPOUpdate:
         shared = config.critic_process and critic_process_possible(policy, config.grad_backend)
         # eps=1e-5 rather than Adam's 1e-8: the value of OpenAI baselines' PPO2, kept by
         # CleanRL; it damps steps on weights whose gradients are consistently tiny.
+        if config.separate_optimizers and policy.share_encoder:
+            raise ConfigError(
+                "policy.share_encoder trains one encoder with both losses: it needs PPO's "
+                "shared loss (unset ppo.pi_lr and ppo.vf_lr) or share_encoder = false"
+            )
         if config.separate_optimizers:
             assert config.pi_lr is not None and config.vf_lr is not None
             self.base_lr = {"pi": config.pi_lr, "vf": config.vf_lr}

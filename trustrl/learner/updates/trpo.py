@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 from torch.nn.utils import parameters_to_vector
 
-from trustrl.config import TRPOConfig
+from trustrl.config import ConfigError, TRPOConfig
 from trustrl.learner.losses import explained_variance, normalize_advantages, surrogate
 from trustrl.learner.optim import Adam
 from trustrl.learner.policy import Policy
@@ -123,6 +123,11 @@ class TRPOUpdate:
     trainer exactly as ``PPOUpdate`` is."""
 
     def __init__(self, policy: Policy, config: TRPOConfig, seed: int = 0) -> None:
+        if policy.share_encoder:
+            raise ConfigError(
+                "policy.share_encoder: TRPO steps the actor within a KL radius and fits the "
+                "critic apart, so they cannot share an encoder (set it to false)"
+            )
         self.config = config
         self.generator = torch.Generator().manual_seed(seed)
         self.vf_optimizer = Adam(policy.critic_parameters(), lr=config.vf_lr, eps=1e-5)
