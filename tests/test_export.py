@@ -4,7 +4,10 @@ Policies are built directly (weights made decisive, normalizer statistics made
 non-trivial), written with ``write_checkpoint`` and exported through the CLI. Each
 exported file is run with onnxruntime and with ``torch.jit.load`` on 1,000 random
 observations (wide enough that the normalizer's clip and the Box bounds both bite), and
-once in a fresh interpreter in which trustrl cannot be imported.
+once in a fresh interpreter in which trustrl cannot be imported. Policies for structured
+observations (frames, Dicts, Tuples, Discrete indices) are exported the same way and held
+to ``Policy.act`` on observations of real envs (tests.envs:DotEnv, FrozenLake, MinAtar,
+Atari), fed as the env hands them out.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from trustrl.config import Config, PolicyConfig, config_to_dict
 from trustrl.envs.spaces import SpaceSpec
 from trustrl.learner.policy import Policy
 from trustrl.run.checkpoint import set_latest, write_checkpoint
+from trustrl.run.export import FORMATS
 
 # torch.jit.load warns that TorchScript is deprecated; loading it is what deployers do.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
@@ -373,14 +377,12 @@ FRESH_SCRIPT = textwrap.dedent(
     import torch
 
     for job in json.loads(sys.argv[1]):
-        arrays = np.load(job["inputs"])
-        obs = arrays["obs"]
-        mask = arrays["mask"] if "mask" in arrays.files else None
+        arrays = np.load(job["inputs"])  # the inputs by name: obs, obs.<key>, action_mask
         session = ort.InferenceSession(job["onnx"], providers=["CPUExecutionProvider"])
-        feed = {"obs": obs} if mask is None else {"obs": obs, "action_mask": mask}
-        onnx_actions = session.run(["action"], feed)[0]
+        names = [i.name for i in session.get_inputs()]
+        onnx_actions = session.run(["action"], {name: arrays[name] for name in names})[0]
         module = torch.jit.load(job["torchscript"])
-        args = [torch.from_numpy(obs)] + ([] if mask is None else [torch.from_numpy(mask)])
+        args = [torch.from_numpy(arrays[name]) for name in names]  # positionally, in order
         with torch.no_grad():
             ts_actions = module(*args).numpy()
         np.savez(job["outputs"], onnx=onnx_actions, torchscript=ts_actions)
@@ -392,7 +394,9 @@ FRESH_SCRIPT = textwrap.dedent(
 )
 
 
-def test_exported_files_run_without_trustrl(exported: dict[str, Exported], tmp_path: Path) -> None:
+def test_exported_files_run_without_trustrl(
+    exported: dict[str, Exported], structured: dict[str, StructuredExport], tmp_path: Path
+) -> None:
     jobs, expected = [], {}
     rng = np.random.default_rng(3)
     for name in ("masked-dict", "multidiscrete", "image-box-2x3"):
@@ -402,7 +406,7 @@ def test_exported_files_run_without_trustrl(exported: dict[str, Exported], tmp_p
         mask = None
         if item.policy.spec.masked:
             mask = masks(item.policy.spec, rng)
-            arrays["mask"] = mask
+            arrays["action_mask"] = mask
         np.savez(tmp_path / f"{name}-in.npz", **arrays)
         expected[name] = reference_actions(item.policy, obs, mask)
         jobs.append(
@@ -413,6 +417,20 @@ def test_exported_files_run_without_trustrl(exported: dict[str, Exported], tmp_p
                 "torchscript": str(item.torchscript),
             }
         )
+    # Structured observations: frames, a Dict of a grid, a vector and an index.
+    for name in ("dot-uint8", "dot-dict"):
+        structured_item = structured[name]
+        np.savez(
+            tmp_path / f"{name}-in.npz", **feed(structured_item.policy.spec, structured_item.batch)
+        )
+        jobs.append(
+            {
+                "inputs": str(tmp_path / f"{name}-in.npz"),
+                "outputs": str(tmp_path / f"{name}-out.npz"),
+                "onnx": str(structured_item.onnx),
+                "torchscript": str(structured_item.torchscript),
+            }
+        )
     result = subprocess.run(
         [sys.executable, "-I", "-c", FRESH_SCRIPT, json.dumps(jobs)],
         cwd=tmp_path,
@@ -421,11 +439,16 @@ def test_exported_files_run_without_trustrl(exported: dict[str, Exported], tmp_p
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert "ran 3 models without trustrl" in result.stdout
+    assert "ran 5 models without trustrl" in result.stdout
     for name in expected:
         outputs: Any = np.load(tmp_path / f"{name}-out.npz")
         for runtime in ("onnx", "torchscript"):
             assert_same_actions(exported[name].policy, outputs[runtime], expected[name])
+    for name in ("dot-uint8", "dot-dict"):
+        policy, batch = structured[name].policy, structured[name].batch
+        outputs = np.load(tmp_path / f"{name}-out.npz")
+        for runtime in ("onnx", "torchscript"):
+            assert_acts_alike(outputs[runtime], policy.act(batch), logit_gaps(policy, batch))
 
 
 @pytest.mark.parametrize("mode", [{"per_agent": True}, {"agent_id": True}])
@@ -441,3 +464,378 @@ def test_export_refuses_multi_agent_actors(
     err = capsys.readouterr().err
     assert err.startswith("trustrl: error: ") and "multi-agent policy" in err, err
     assert not (tmp_path / "a.onnx").exists()
+
+
+# Structured observations (envs/layout.py): images, Dicts, Tuples, Discrete indices. The
+# exported model takes them as the env hands them out: ``obs`` with the env's own dtype and
+# shape for a whole observation, ``obs.<key>`` per entry of a Dict or Tuple (the float
+# vectors first). Actions are compared with ``Policy.act`` on real observations; the
+# convolutions of ONNX Runtime round differently from torch's, so a row whose two best
+# log-probabilities are within LOGIT_TOL may go either way and is not counted.
+
+LOGIT_TOL = 1e-4
+N_REAL = 300
+
+
+def structured_spec(space: gym.Space, actions: gym.Space, image_keys=()) -> SpaceSpec:
+    return SpaceSpec.from_spaces(space, actions, image_keys=tuple(image_keys))
+
+
+def dot_spec(kind: str) -> SpaceSpec:
+    env = test_envs.DotEnv(kind)
+    return structured_spec(env.observation_space, env.action_space)
+
+
+MASKED_IMAGE = gym.spaces.Dict(
+    {
+        "observation": gym.spaces.Box(0, 255, (8, 8, 3), np.uint8),
+        "action_mask": gym.spaces.Box(0, 1, (4,), np.int8),
+    }
+)
+
+# name -> (env id for the checkpoint's config, a zero-argument env or None, the spec)
+STRUCTURED: dict[str, Callable[[], tuple[str, gym.Env | None, SpaceSpec]]] = {
+    **{
+        f"dot-{kind}": (
+            lambda kind=kind: ("tests.envs:DotEnv", test_envs.DotEnv(kind), dot_spec(kind))
+        )
+        for kind in ("uint8", "bool", "first", "dict", "tuple")
+    },
+    "frozenlake": lambda: (
+        "FrozenLake-v1",
+        gym.make("FrozenLake-v1", is_slippery=False),
+        _spec(gym.make("FrozenLake-v1")),
+    ),
+    # The action-mask convention around a frame: observations sampled from the space.
+    "masked-image": lambda: (
+        "custom:MaskedImage",
+        None,
+        structured_spec(MASKED_IMAGE, gym.spaces.Discrete(4)),
+    ),
+}
+
+# The inputs each exported model declares: name -> (ONNX type, shape).
+STRUCTURED_INPUTS: dict[str, dict[str, tuple[str, list[Any]]]] = {
+    "dot-uint8": {"obs": ("tensor(uint8)", ["batch", 6, 6, 1])},
+    "dot-bool": {"obs": ("tensor(bool)", ["batch", 6, 6, 2])},
+    "dot-first": {"obs": ("tensor(uint8)", ["batch", 2, 6, 6])},
+    "dot-dict": {
+        "obs.vec": ("tensor(float)", ["batch", 2]),
+        "obs.count": ("tensor(int64)", ["batch"]),
+        "obs.grid": ("tensor(bool)", ["batch", 6, 6, 2]),
+    },
+    "dot-tuple": {
+        "obs.0": ("tensor(int64)", ["batch"]),
+        "obs.1": ("tensor(int8)", ["batch", 3]),
+    },
+    "frozenlake": {"obs": ("tensor(int64)", ["batch"])},
+    "masked-image": {
+        "obs": ("tensor(uint8)", ["batch", 8, 8, 3]),
+        "action_mask": ("tensor(bool)", ["batch", 4]),
+    },
+}
+
+
+def decisive_policy(
+    spec: SpaceSpec, seed: int, config: PolicyConfig | None = None, normalize: bool = True
+) -> Policy:
+    """A policy whose actions vary from observation to observation (the initial head is
+    near-uniform), with normalizer statistics that matter: vectors in [-1, 1] reach past
+    the clip."""
+    torch.manual_seed(seed)
+    policy = Policy(
+        spec,
+        config or PolicyConfig(hidden_sizes=(32,)),
+        normalize_obs=normalize,
+        obs_clip=OBS_CLIP,
+    )
+    with torch.no_grad():
+        torch.nn.init.normal_(policy.head.linear.weight, std=3.0)  # type: ignore[attr-defined]
+        if policy.obs_normalizer is not None:
+            gen = torch.Generator().manual_seed(seed)
+            dim = spec.vector_dim
+            mean = torch.randn(dim, generator=gen, dtype=torch.float64) * 0.3
+            policy.obs_normalizer.mean.copy_(mean)
+            policy.obs_normalizer.var.copy_(
+                torch.rand(dim, generator=gen, dtype=torch.float64) * 0.05 + 0.01
+            )
+            policy.obs_normalizer.count.fill_(12345.0)
+    return policy.eval()
+
+
+def env_observations(env: gym.Env, n: int, seed: int = 0) -> list[Any]:
+    """``n`` observations of ``env`` as it hands them out, acting at random."""
+    env.action_space.seed(seed)
+    obs, _ = env.reset(seed=seed)
+    seen = [obs]
+    while len(seen) < n:
+        obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            obs, _ = env.reset()
+        seen.append(obs)
+    return seen
+
+
+def stack(observations: list[Any]) -> Any:
+    """Single observations -> the batch a vector env would hand out."""
+    first = observations[0]
+    if isinstance(first, dict):
+        return {key: stack([o[key] for o in observations]) for key in first}
+    if isinstance(first, tuple):
+        return tuple(stack([o[i] for o in observations]) for i in range(len(first)))
+    return np.stack([np.asarray(o) for o in observations])
+
+
+def rows_of(batch: Any, rows: slice) -> Any:
+    if isinstance(batch, dict):
+        return {key: rows_of(value, rows) for key, value in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(rows_of(value, rows) for value in batch)
+    return batch[rows]
+
+
+def feed(spec: SpaceSpec, batch: Any) -> dict[str, np.ndarray]:
+    """The exported model's inputs for a batch of raw observations, by name."""
+    inputs: dict[str, np.ndarray] = {}
+    if spec.dict_obs:
+        inputs_mask = np.asarray(batch["action_mask"]).astype(bool)
+        batch = batch["observation"]
+    for entry in spec.obs_entries:
+        key = entry["key"]
+        if not key:
+            inputs["obs"] = np.asarray(batch)
+        else:
+            inputs[f"obs.{key}"] = np.asarray(
+                batch[key] if isinstance(batch, dict) else batch[int(key)]
+            )
+    if spec.dict_obs:
+        inputs["action_mask"] = inputs_mask
+    return inputs
+
+
+def logit_gaps(policy: Policy, batch: Any) -> np.ndarray:
+    """The gap between each row's two best log-probabilities, as ``act`` computes them."""
+    rows, mask = policy.spec.split(batch)
+    with torch.no_grad():
+        x = policy.normalize(torch.as_tensor(rows))
+        mask_t = torch.as_tensor(mask) if mask is not None else None
+        params = policy.dist_params(x, mask_t).numpy()
+    best = np.sort(params, axis=1)
+    return best[:, -1] - best[:, -2]
+
+
+def assert_acts_alike(got: np.ndarray, expected: np.ndarray, gaps: np.ndarray) -> None:
+    """Equal actions, except where the two best log-probabilities are within LOGIT_TOL."""
+    assert got.shape == expected.shape and got.dtype == np.int64
+    decided = gaps > LOGIT_TOL
+    assert decided.mean() > 0.95, "too many near-ties for the comparison to mean much"
+    mismatched = np.flatnonzero((got != expected) & decided).tolist()
+    assert mismatched == [], f"{len(mismatched)} of {int(decided.sum())} actions differ"
+
+
+def run_structured(path: Path, inputs: dict[str, np.ndarray], names: list[str]) -> np.ndarray:
+    """The exported file's actions: ONNX by input name, TorchScript positionally, in the
+    order of the metadata's ``inputs``."""
+    if path.suffix == ".onnx":
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return session.run(["action"], inputs)[0]
+    module = torch.jit.load(str(path))
+    with torch.no_grad():
+        return module(*(torch.from_numpy(inputs[name]) for name in names)).numpy()
+
+
+@dataclass
+class StructuredExport:
+    policy: Policy
+    batch: Any
+    onnx: Path
+    torchscript: Path
+    stdout: str
+
+
+@pytest.fixture(scope="module")
+def structured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, StructuredExport]:
+    root = tmp_path_factory.mktemp("structured")
+    result = {}
+    for seed, (name, make) in enumerate(STRUCTURED.items()):
+        env_id, env, spec = make()
+        policy = decisive_policy(spec, seed)
+        if env is not None:
+            batch = stack(env_observations(env, N_REAL, seed))
+        else:
+            space = MASKED_IMAGE
+            space.seed(seed)
+            batch = stack([space.sample() for _ in range(N_REAL)])
+            batch["action_mask"][:, 0] = 1  # at least one action allowed
+        run_dir = root / name
+        meta = {"config": config_to_dict(Config(env_id=env_id)), "iteration": 1}
+        write_checkpoint(run_dir / "checkpoints" / "iter_00000001", policy, meta, {})
+        set_latest(run_dir / "checkpoints", "iter_00000001")
+        stdout = io.StringIO()
+        for fmt in ("onnx", "torchscript"):
+            with contextlib.redirect_stdout(stdout):
+                assert cli.main(["export", str(run_dir), "--format", fmt]) == 0, name
+        result[name] = StructuredExport(
+            policy, batch, run_dir / "policy.onnx", run_dir / "policy.pt", stdout.getvalue()
+        )
+    return result
+
+
+@pytest.mark.parametrize("name", list(STRUCTURED))
+def test_structured_export_acts_like_policy_act(
+    structured: dict[str, StructuredExport], name: str
+) -> None:
+    item = structured[name]
+    policy, spec, batch = item.policy, item.policy.spec, item.batch
+    expected = policy.act(batch)
+    gaps = logit_gaps(policy, batch)
+    assert len(np.unique(expected)) > 1, "every observation gets the same action"
+    if policy.obs_normalizer is not None:  # the baked-in statistics matter
+        bare = Policy.from_description(policy.describe())
+        bare.load_state_dict(policy.state_dict())
+        assert bare.obs_normalizer is not None
+        bare.obs_normalizer.mean.zero_()
+        bare.obs_normalizer.var.fill_(1.0)
+        assert not np.array_equal(bare.act(batch), expected)
+    inputs = feed(spec, batch)
+    names = list(STRUCTURED_INPUTS[name])
+    for path in (item.onnx, item.torchscript):
+        assert_acts_alike(run_structured(path, inputs, names), expected, gaps)
+        # Dynamic batch axis: one row, and an odd batch size.
+        for rows in (slice(0, 1), slice(10, 17)):
+            part = {k: v[rows] for k, v in inputs.items()}
+            got = run_structured(path, part, names)
+            assert_acts_alike(got, policy.act(rows_of(batch, rows)), gaps[rows])
+
+
+@pytest.mark.parametrize("name", list(STRUCTURED))
+def test_structured_onnx_interface(structured: dict[str, StructuredExport], name: str) -> None:
+    item = structured[name]
+    session = ort.InferenceSession(str(item.onnx), providers=["CPUExecutionProvider"])
+    declared = {i.name: (i.type, i.shape) for i in session.get_inputs()}
+    assert declared == STRUCTURED_INPUTS[name]
+    assert [i.name for i in session.get_inputs()] == list(STRUCTURED_INPUTS[name])
+    (output,) = session.get_outputs()
+    assert (output.name, output.type, output.shape) == ("action", "tensor(int64)", ["batch"])
+    info = json.loads(session.get_modelmeta().custom_metadata_map["trustrl"])
+    assert SpaceSpec.from_json(info["spec"]) == item.policy.spec
+    assert list(info["inputs"]) == list(STRUCTURED_INPUTS[name])
+    for input_name, (kind, shape) in STRUCTURED_INPUTS[name].items():
+        dtype = {"tensor(float)": "float32"}.get(kind, kind[len("tensor(") : -1])
+        dims = ", ".join(str(d) for d in shape)
+        assert info["inputs"][input_name] == f"{dtype} ({dims})"
+        assert f"{input_name} {dtype} ({dims})" in item.stdout
+    extra = {"trustrl.json": ""}
+    torch.jit.load(str(item.torchscript), _extra_files=extra)
+    assert json.loads(extra["trustrl.json"])["inputs"] == info["inputs"]
+
+
+def test_structured_gateway_model_gives_the_policys_log_probabilities(
+    structured: dict[str, StructuredExport],
+) -> None:
+    """The gateway's ONNX model (``onnx_model``: a second output, ``params``) of a structured
+    policy takes the same inputs; its log-probabilities are the policy's."""
+    from trustrl.run.export import onnx_model
+
+    for name in ("dot-dict", "dot-first", "masked-image"):
+        item = structured[name]
+        policy, batch = item.policy, item.batch
+        session = ort.InferenceSession(
+            onnx_model(policy, {"exported_by": "test"}), providers=["CPUExecutionProvider"]
+        )
+        action, params = session.run(["action", "params"], feed(policy.spec, batch))
+        rows, mask = policy.spec.split(batch)
+        with torch.no_grad():
+            x = policy.normalize(torch.as_tensor(rows))
+            expected = policy.dist_params(x, torch.as_tensor(mask) if mask is not None else None)
+        finite = np.isfinite(expected.numpy())
+        assert np.array_equal(np.isfinite(params), finite), name
+        np.testing.assert_allclose(params[finite], expected.numpy()[finite], atol=1e-4)
+        assert_acts_alike(action, policy.act(batch), logit_gaps(policy, batch))
+
+
+PACK_SPACES: dict[str, tuple[gym.Space, tuple[str, ...]]] = {
+    "uint8-frame": (gym.spaces.Box(0, 255, (4, 9, 9), np.uint8), ()),
+    "bool-grid": (gym.spaces.Box(0, 1, (5, 5, 3), bool), ()),
+    "discrete-start": (gym.spaces.Discrete(5, start=-2), ()),
+    "multidiscrete": (gym.spaces.MultiDiscrete([3, 2, 4], start=[1, 0, -1]), ()),
+    "multibinary": (gym.spaces.MultiBinary([2, 3]), ()),
+    "tuple-of-bytes": (
+        gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(0, 1, (4, 4), bool))),
+        (),
+    ),
+    # A float row: float64 and int32 vectors, a float image (env.image_keys), one-hots.
+    "everything": (
+        gym.spaces.Dict(
+            {
+                "pos": gym.spaces.Box(-5.0, 5.0, (3,), np.float64),
+                "ints": gym.spaces.Box(-9, 9, (2,), np.int32),
+                "depth": gym.spaces.Box(0.0, 1.0, (6, 6, 1), np.float32),
+                "frame": gym.spaces.Box(0, 255, (2, 6, 6), np.uint8),
+                "goal": gym.spaces.MultiDiscrete([4, 2]),
+                "door": gym.spaces.Discrete(3, start=1),
+                "flags": gym.spaces.MultiBinary(2),
+            }
+        ),
+        ("depth",),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(PACK_SPACES))
+def test_the_exported_packing_equals_split(name: str) -> None:
+    """One packing: the exported model's (``Pack``, torch) gives the rows of
+    ``SpaceSpec.split`` (envs/layout.py's ``pack``), dtype included."""
+    from trustrl.run.export import Pack
+
+    space, image_keys = PACK_SPACES[name]
+    spec = structured_spec(space, gym.spaces.Discrete(2), image_keys)
+    space.seed(5)
+    batch = stack([space.sample() for _ in range(64)])
+    rows, _ = spec.split(batch)
+    inputs = feed(spec, batch)
+    packed = Pack(spec)([torch.from_numpy(np.ascontiguousarray(v)) for v in inputs.values()])
+    assert packed.numpy().dtype == spec.obs_dtype == rows.dtype
+    np.testing.assert_array_equal(packed.numpy(), rows)
+
+
+def real_frames_check(env_id: str, n: int, tmp_path: Path) -> None:
+    """Export a policy for ``env_id``'s frames (built by trustrl's env factory) and hold
+    both files to ``Policy.act`` on ``n`` frames of play."""
+    from trustrl.envs.gym import check_env_id, env_factory
+    from trustrl.run.export import export_policy
+
+    check_env_id(env_id)
+    env = env_factory(env_id)()
+    spec = _spec(env)
+    policy = decisive_policy(spec, 0, PolicyConfig(), normalize=False)
+    batch = stack(env_observations(env, n))
+    env.close()
+    assert batch.dtype == np.dtype(spec.obs_entries[0]["dtype"])
+    # Frames of one game look alike to an untrained CNN: centre the head's logits on
+    # these frames so that the best action changes from frame to frame.
+    with torch.no_grad():
+        linear = policy.head.linear  # type: ignore[attr-defined]
+        logits = linear(policy.actor(torch.as_tensor(policy.spec.split(batch)[0])))
+        linear.bias -= logits.median(0).values
+    folder = tmp_path / "checkpoint"
+    write_checkpoint(folder, policy, {}, {})
+    expected, gaps = policy.act(batch), logit_gaps(policy, batch)
+    assert len(np.unique(expected)) > 1, "every frame gets the same action"
+    for fmt in ("onnx", "torchscript"):
+        result = export_policy(folder, fmt, tmp_path / f"policy{FORMATS[fmt]}")
+        assert list(result.inputs) == ["obs"]
+        assert result.inputs["obs"].startswith(f"{batch.dtype} (batch, ")
+        assert_acts_alike(run_structured(result.path, {"obs": batch}, ["obs"]), expected, gaps)
+
+
+def test_minatar_frames(tmp_path: Path) -> None:
+    """MinAtar's bool (10, 10, 4) grids go into the exported model as they are."""
+    pytest.importorskip("minatar")
+    real_frames_check("MinAtar/Breakout-v1", 200, tmp_path)
+
+
+def test_atari_frames(tmp_path: Path) -> None:
+    """ALE's preprocessed uint8 (4, 84, 84) frame stacks through the Nature CNN."""
+    pytest.importorskip("ale_py")
+    real_frames_check("ALE/Breakout-v5", 64, tmp_path)

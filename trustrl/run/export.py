@@ -8,6 +8,17 @@ does on the way from a raw observation to an env action is inside it:
 inputs
     ``obs``          float32 (batch, *obs_shape): raw observations as the env returns them
                      (for dict observations, the ``"observation"`` entry), batched.
+                     A structured observation (envs/layout.py: an image, a Dict or Tuple,
+                     a Discrete, MultiDiscrete or MultiBinary) is taken as the env hands it
+                     out instead: one input per entry, named ``obs`` for a whole
+                     observation (uint8 frames (batch, 4, 84, 84), bool grids, an int64
+                     (batch,) Discrete index, ...) and ``obs.<key>`` for a Dict's key or a
+                     Tuple's index, each with the entry's own dtype and shape (MultiBinary:
+                     int8; Discrete and MultiDiscrete: int64, one-hot encoded inside, an
+                     index out of range giving an all-zero one-hot), in the order of the
+                     layout (the float vectors first): the order TorchScript takes them in,
+                     positionally, and the order of the metadata's ``inputs``. Frames are
+                     scaled inside (uint8 by 1/255); bool grids are bool inputs.
     ``action_mask``  bool (batch, n), only when the policy was trained with action masks;
                      True = allowed. TorchScript also accepts a float/int mask (nonzero =
                      allowed); ONNX declares the input as bool.
@@ -18,7 +29,8 @@ output
                      the action space's bounds.
 
 The observation normalizer's statistics (and its clip) are baked in as float32
-constants computed exactly as ``RunningMeanStd.forward`` computes them. The batch axis
+constants computed exactly as ``RunningMeanStd.forward`` computes them (for a structured
+observation, on its float vectors only, as the policy does). The batch axis
 is dynamic. ONNX files carry a ``trustrl`` JSON entry in their metadata, TorchScript
 files a ``trustrl.json`` extra file, describing the spaces and the inputs.
 """
@@ -31,12 +43,16 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-from trustrl.learner.policy import Policy
+from trustrl.envs.layout import Entry
+from trustrl.envs.spaces import SpaceSpec
+from trustrl.learner.cnn import ConvEncoder
+from trustrl.learner.policy import Policy, Structured
 
 FORMATS = {"onnx": ".onnx", "torchscript": ".pt"}
 ONNX_OPSET = 17
@@ -46,8 +62,93 @@ class ExportError(ValueError):
     """An export that cannot be done as asked; the message says why."""
 
 
+def _torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a numpy dtype name ("uint8", "bool", "float32", "int64", ...)."""
+    return torch.from_numpy(np.zeros(0, dtype=np.dtype(name))).dtype
+
+
+class Pack(nn.Module):
+    """The exported model's twin of envs/layout.py's ``pack`` (``SpaceSpec.split``): a
+    structured observation's entries, one batched tensor each as the env hands them out,
+    in the layout's order -> rows (B, obs_dim) of the spec's row dtype (uint8 or float32),
+    the same rows ``split`` gives. Discrete and MultiDiscrete indices are one-hot encoded
+    here, by comparing each one-hot column's component with the index that column stands
+    for (an index out of range gives an all-zero one-hot where ``pack`` raises); every
+    other entry is flattened and cast. Nothing is checked: the runtime checks each input's
+    dtype and rank against the file's declaration, and a wrong size fails the reshape."""
+
+    def __init__(self, spec: SpaceSpec) -> None:
+        super().__init__()
+        self.dtype = _torch_dtype(spec.obs_dtype.name)
+        # The columns each entry reads: its width, or for a one-hot its components.
+        self.widths = [
+            len(e["nvec"]) if e["kind"] == "onehot" else int(e["width"]) for e in spec.obs_entries
+        ]
+        self.onehot: list[bool] = []
+        for index, entry in enumerate(spec.obs_entries):
+            self.onehot.append(entry["kind"] == "onehot")
+            if entry["kind"] == "onehot":
+                component, value = _one_hot_columns(entry)
+                # Buffers: traced as constants of the graph.
+                self.register_buffer(f"component_{index}", component)
+                self.register_buffer(f"value_{index}", value)
+
+    def forward(self, values: list[Tensor]) -> Tensor:
+        pieces = []
+        for index, value in enumerate(values):
+            flat = value.reshape(value.shape[0], self.widths[index])  # traced: a dynamic batch
+            if self.onehot[index]:
+                component = getattr(self, f"component_{index}")
+                choices = getattr(self, f"value_{index}")
+                pieces.append((flat.to(torch.int64)[:, component] == choices).to(self.dtype))
+            else:
+                pieces.append(flat.to(self.dtype))
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
+
+
+def _one_hot_columns(entry: Entry) -> tuple[Tensor, Tensor]:
+    """For each one-hot column of a Discrete or MultiDiscrete entry: the component it
+    belongs to and the index it stands for (``start`` + its place among the choices)."""
+    component: list[int] = []
+    value: list[int] = []
+    for c, (n, start) in enumerate(zip(entry["nvec"], entry["start"], strict=True)):
+        component += [c] * int(n)
+        value += range(int(start), int(start) + int(n))
+    return torch.tensor(component, dtype=torch.int64), torch.tensor(value, dtype=torch.int64)
+
+
+def input_names(spec: SpaceSpec) -> list[str]:
+    """The exported model's inputs: ``obs`` (a flat Box's vector, or a whole structured
+    observation), or ``obs.<key>`` per entry of a Dict or Tuple, in the layout's order;
+    then ``action_mask`` for a masked policy."""
+    entries = spec.obs_entries
+    names = (
+        ["obs"] if not entries or not entries[0]["key"] else [f"obs.{e['key']}" for e in entries]
+    )
+    return [*names, "action_mask"] if spec.masked else names
+
+
+def _encode(actor: Structured, x: Tensor) -> Tensor:
+    """``Structured.forward`` on packed rows (no agent id), as traced: the batch axis read
+    as ``x.shape[0]``, which the tracer keeps dynamic (``len(x)``, as ``forward`` reads
+    it, would be traced as the example's batch size)."""
+    pieces = []
+    for start, stop, name in actor.columns:
+        columns = x[:, start:stop]
+        if name is not None:
+            cnn = cast("ConvEncoder", actor.front[name])
+            pieces.append(cnn(columns.reshape(x.shape[0], *cnn.image_shape)))
+        else:
+            pieces.append(columns.to(torch.float32))
+    features = pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
+    encoded: Tensor = actor.body(features)
+    return encoded
+
+
 class DeployedActor(nn.Module):
-    """Raw observation batch (and mask) -> deterministic env actions, for tracing."""
+    """Raw observation batch (and mask) -> deterministic env actions, for tracing. A
+    structured observation comes as a list of its entries (``EntryInputs`` gives them
+    as inputs of their own)."""
 
     obs_mean: Tensor
     obs_scale: Tensor
@@ -58,6 +159,8 @@ class DeployedActor(nn.Module):
         super().__init__()
         spec = policy.spec
         self.obs_dim = spec.obs_dim
+        self.vector_dim = spec.vector_dim
+        self.pack = Pack(spec) if spec.obs_entries else None
         self.kind = spec.action_kind
         self.masked = spec.masked
         self.env_action_shape = tuple(spec.env_action_shape)
@@ -69,8 +172,8 @@ class DeployedActor(nn.Module):
             scale = torch.rsqrt(norm.var.to(torch.float32) + norm.epsilon)
             self.obs_clip = float(norm.clip)
         else:
-            mean = torch.zeros(spec.obs_dim)
-            scale = torch.ones(spec.obs_dim)
+            mean = torch.zeros(spec.vector_dim)
+            scale = torch.ones(spec.vector_dim)
             self.obs_clip = 0.0
         self.register_buffer("obs_mean", mean.clone())
         self.register_buffer("obs_scale", scale.clone())
@@ -80,16 +183,33 @@ class DeployedActor(nn.Module):
         self.head = copy.deepcopy(policy.head)
         self.requires_grad_(False)  # inference only: outputs carry no autograd graph
 
-    def forward(self, obs: Tensor, action_mask: Tensor | None = None) -> Tensor:
+    def forward(self, obs: Tensor | list[Tensor], action_mask: Tensor | None = None) -> Tensor:
         return self.mode(self.params(obs, action_mask))
 
-    def params(self, obs: Tensor, action_mask: Tensor | None) -> Tensor:
+    def params(self, obs: Tensor | list[Tensor], action_mask: Tensor | None) -> Tensor:
         """The action head's distribution parameters for raw observations."""
+        if isinstance(obs, list):  # a structured observation's entries
+            return self.structured_params(obs, action_mask)
         x = obs.to(torch.float32).reshape(-1, self.obs_dim)
         if self.normalize:
             x = ((x - self.obs_mean) * self.obs_scale).clamp(-self.obs_clip, self.obs_clip)
         mask = action_mask.to(torch.bool) if action_mask is not None else None
         params: Tensor = self.head.forward(self.actor(x), mask)
+        return params
+
+    def structured_params(self, entries: list[Tensor], action_mask: Tensor | None) -> Tensor:
+        """``params`` of a structured observation: its entries packed into the row
+        ``SpaceSpec.split`` gives, its float vectors normalized as ``RunningMeanStd`` does
+        a structured row, then the policy's ``Structured`` encoder."""
+        assert self.pack is not None
+        x = self.pack(entries)
+        if self.normalize:
+            width = self.vector_dim
+            vectors = (x[:, :width] - self.obs_mean) * self.obs_scale
+            vectors = vectors.clamp(-self.obs_clip, self.obs_clip)
+            x = torch.cat([vectors, x[:, width:]], 1)
+        mask = action_mask.to(torch.bool) if action_mask is not None else None
+        params: Tensor = self.head.forward(_encode(cast("Structured", self.actor), x), mask)
         return params
 
     def mode(self, params: Tensor) -> Tensor:
@@ -109,10 +229,35 @@ class SamplingActor(DeployedActor):
     Box: the means, then the log standard deviations."""
 
     def forward(  # type: ignore[override]
-        self, obs: Tensor, action_mask: Tensor | None = None
+        self, obs: Tensor | list[Tensor], action_mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         params = self.params(obs, action_mask)
         return self.mode(params), params
+
+
+class EntryInputs(nn.Module):
+    """A structured observation's entries as inputs of their own (``input_names``): the
+    entries in the layout's order, then the mask where the policy takes one."""
+
+    def __init__(self, actor: DeployedActor, entries: int, masked: bool) -> None:
+        super().__init__()
+        self.actor = actor
+        self.entries = entries
+        self.masked = masked
+
+    def forward(self, *inputs: Tensor) -> Any:
+        mask = inputs[self.entries] if self.masked else None
+        return self.actor(list(inputs[: self.entries]), mask)
+
+
+def deployed(policy: Policy, sampling: bool = False) -> nn.Module:
+    """The module to trace: ``DeployedActor`` (``SamplingActor`` when ``sampling``), in an
+    ``EntryInputs`` for a structured observation."""
+    actor = (SamplingActor if sampling else DeployedActor)(policy).eval()
+    spec = policy.spec
+    if not spec.obs_entries:
+        return actor
+    return EntryInputs(actor, len(spec.obs_entries), spec.masked).eval()
 
 
 def onnx_model(policy: Policy, info: dict[str, Any]) -> bytes:
@@ -124,10 +269,12 @@ def onnx_model(policy: Policy, info: dict[str, Any]) -> bytes:
         raise ExportError("a multi-agent policy needs an agent input this export does not have")
     inputs, outputs = describe_io(policy)
     info = {**info, "spec": policy.spec.to_json(), "inputs": inputs, "outputs": outputs}
-    module = SamplingActor(policy).eval()
+    module = deployed(policy, sampling=True)
     with tempfile.TemporaryDirectory(prefix="trustrl-onnx-") as folder:
         path = Path(folder) / "policy.onnx"
-        _export_onnx(module, _example_inputs(policy), path, info, ("action", "params"))
+        example = _example_inputs(policy)
+        names = input_names(policy.spec)
+        _export_onnx(module, example, names, path, info, ("action", "params"))
         return path.read_bytes()
 
 
@@ -151,7 +298,14 @@ def default_output(checkpoint: Path, fmt: str) -> Path:
 def describe_io(policy: Policy) -> tuple[dict[str, str], dict[str, str]]:
     """Names -> 'dtype (shape)' of the exported model's inputs and outputs."""
     spec = policy.spec
-    inputs = {"obs": f"float32 {_shape(spec.obs_shape)}"}
+    if spec.obs_entries:
+        names = input_names(spec)
+        inputs = {
+            name: f"{entry['dtype']} {_shape(tuple(entry['shape']))}"
+            for name, entry in zip(names, spec.obs_entries, strict=False)
+        }
+    else:
+        inputs = {"obs": f"float32 {_shape(spec.obs_shape)}"}
     if spec.masked:
         inputs["action_mask"] = f"bool {_shape((spec.mask_dim or 0,))}"
     if spec.action_kind == "box":
@@ -199,14 +353,14 @@ def export_policy(
         "obs_normalizer_baked_in": policy.obs_normalizer is not None,
         "deterministic": True,
     }
-    module = DeployedActor(policy).eval()
+    module = deployed(policy)
     example = _example_inputs(policy)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         try:
             if fmt == "onnx":
-                _export_onnx(module, example, tmp, info)
+                _export_onnx(module, example, input_names(policy.spec), tmp, info)
             else:
                 _export_torchscript(module, example, tmp, info)
             os.replace(tmp, target)
@@ -219,24 +373,24 @@ def export_policy(
 
 def _example_inputs(policy: Policy) -> tuple[Tensor, ...]:
     spec = policy.spec
-    obs = torch.zeros((2, *spec.obs_shape), dtype=torch.float32)
-    if spec.masked:
-        return obs, torch.ones((2, spec.mask_dim or 0), dtype=torch.bool)
-    return (obs,)
-
-
-def _names(example: tuple[Tensor, ...]) -> list[str]:
-    return ["obs", "action_mask"][: len(example)]
+    mask = (torch.ones((2, spec.mask_dim or 0), dtype=torch.bool),) if spec.masked else ()
+    if spec.obs_entries:
+        entries = tuple(
+            torch.zeros((2, *entry["shape"]), dtype=_torch_dtype(entry["dtype"]))
+            for entry in spec.obs_entries
+        )
+        return (*entries, *mask)
+    return (torch.zeros((2, *spec.obs_shape), dtype=torch.float32), *mask)
 
 
 def _export_onnx(
-    module: DeployedActor,
+    module: nn.Module,
     example: tuple[Tensor, ...],
+    names: list[str],
     path: Path,
     info: dict[str, Any],
     outputs: tuple[str, ...] = ("action",),
 ) -> None:
-    names = _names(example)
     # torch >= 2.9 defaults to the torch.export-based ("dynamo") exporter, which needs
     # onnxscript; trustrl's export extra installs only onnx and onnxruntime. The
     # TorchScript-based exporter (dynamo=False) needs neither, handles this small static
@@ -266,7 +420,7 @@ def _export_onnx(
 
 
 def _export_torchscript(
-    module: DeployedActor, example: tuple[Tensor, ...], path: Path, info: dict[str, Any]
+    module: nn.Module, example: tuple[Tensor, ...], path: Path, info: dict[str, Any]
 ) -> None:
     # torch.jit is deprecated in favour of torch.export, but a TorchScript file is still
     # what C++ (libtorch) and older runtimes load; the warnings are silenced like ONNX's.
