@@ -48,6 +48,7 @@ import numpy as np
 
 from trustrl.acting.inference import Inference
 from trustrl.config import Config
+from trustrl.envs import layout
 from trustrl.envs.spaces import SpaceSpec
 from trustrl.normalize import MeanStd, RunningStats
 from trustrl.remote.wire import Chunk, LinkError, decode_snapshot, encode_chunk
@@ -107,7 +108,7 @@ class _Episode:
     inference: Inference
     version: int
     obs: list[np.ndarray] = field(default_factory=list)  # normalized, (obs_dim,) each
-    raw: list[np.ndarray] = field(default_factory=list)  # as given, for the statistics
+    raw: list[np.ndarray] = field(default_factory=list)  # rows as given, for the statistics
     actions: list[np.ndarray] = field(default_factory=list)
     outs: list[np.ndarray] = field(default_factory=list)  # head outputs
     noise: list[np.ndarray] = field(default_factory=list)
@@ -299,7 +300,13 @@ class Agent:
 
     def act(self, obs: Any, reward: float | None = None, mask: Any = None) -> int | np.ndarray:
         """The action for ``obs``; ``reward`` is the previous action's (none on an
-        episode's first step), ``mask`` the allowed discrete actions (optional)."""
+        episode's first step), ``mask`` the allowed discrete actions (optional).
+
+        ``obs`` is one observation as the env hands it out: an array for a Box (a frame
+        of its own dtype, uint8 or bool, for an image), a dict for a Dict space, a tuple
+        for a Tuple, an int for a Discrete. A structured observation is packed into the
+        row the policy reads (envs/layout.py), each entry checked against its space: a
+        ValueError names the entry, what it expected and what it got."""
         raw = self._observation(obs)
         episode = self.episode
         if episode is not None and episode.actions:
@@ -439,10 +446,14 @@ class Agent:
     # Inside.
 
     def _observation(self, obs: Any) -> np.ndarray:
-        """``obs`` as a flat float64 row, or a ValueError naming the expected shape."""
+        """``obs`` as a row: a flat Box's as float64, a structured observation's packed
+        (``spec.obs_dtype``, envs/layout.py); a ValueError naming the expected shape, or
+        the entry that does not fit."""
         spec = self.spec
         if spec.dict_obs and isinstance(obs, dict):
             obs = obs.get("observation")
+        if spec.obs_entries:
+            return structured_row(spec, obs)
         array = np.asarray(obs)
         if array.dtype.kind not in "biuf":
             raise ValueError(
@@ -495,9 +506,11 @@ class Agent:
         self.episode.rewards.append(value)
 
     def _normalize(self, inference: Inference, raw: np.ndarray) -> np.ndarray:
+        """The row the policy reads: the normalizer covers the vector columns (all of a
+        flat row); a row of bytes (frames, one-hots) stays bytes."""
         norm = inference.obs_normalizer
         if norm is None:
-            return raw.astype(np.float32)
+            return raw.astype(self.spec.obs_dtype, copy=False)
         return norm.normalize_array(raw[None])[0]
 
     def _value(self, inference: Inference, raw: np.ndarray) -> float:
@@ -514,7 +527,7 @@ class Agent:
     def _ship_chunk(self, episode: _Episode, ending: str, bootstrap: float) -> None:
         inference = episode.inference
         steps = len(episode.actions)
-        obs = np.stack(episode.obs).astype(np.float32)
+        obs = np.stack(episode.obs).astype(self.spec.obs_dtype, copy=False)
         actions = np.stack(episode.actions)
         masks = np.stack(episode.masks) if episode.masks else None
         agent = np.repeat(self.agent_index, steps)
@@ -535,7 +548,9 @@ class Agent:
             values=np.append(values, np.float32(bootstrap)).astype(np.float32),
             rewards=np.asarray(episode.rewards, np.float32),
             action_mask=masks,
-            obs_delta=RunningStats.of(np.stack(episode.raw))
+            obs_delta=RunningStats.of(
+                np.stack(episode.raw)[:, : self.spec.vector_dim].astype(np.float64)
+            )
             if inference.obs_normalizer is not None
             else None,
             episode_return=self.episode_return if ended else None,
@@ -670,6 +685,39 @@ class Agent:
         if first and not isinstance(exc, LinkError):
             warnings.warn(f"trustrl agent: {self.last_error}", RuntimeWarning, stacklevel=1)
         return min(backoff * 2, MAX_BACKOFF)
+
+
+def structured_row(spec: SpaceSpec, obs: Any) -> np.ndarray:
+    """One structured observation (a frame, a dict, a tuple, an int: as the env hands it
+    out) packed into its row (``spec.obs_dtype``); each entry checked first, so that a
+    ValueError names the entry, the expected and the received shape or dtype."""
+    entries = spec.obs_entries
+    if all(e["key"] == "" for e in entries):
+        batch: Any = np.asarray(obs)[None]
+    else:
+        batch = {}
+        for entry in entries:
+            value = np.asarray(layout.pick(obs, entry["key"]))
+            batch[entry["key"]] = value[None]
+    for entry in entries:
+        value = batch if entry["key"] == "" else batch[entry["key"]]
+        where = f"observation entry {entry['key']!r}" if entry["key"] else "the observation"
+        shape, dtype = tuple(entry["shape"]), entry["dtype"]
+        if value.shape[1:] != shape:
+            raise ValueError(f"{where}: expected shape {shape}, got shape {value.shape[1:]}")
+        if entry["kind"] == "image" and value.dtype.name != dtype:
+            raise ValueError(
+                f"{where}: expected a frame of dtype {dtype} (shape {shape}), got {value.dtype}"
+            )
+        if value.dtype.kind not in "biuf":
+            raise ValueError(f"{where}: expected numbers, got dtype {value.dtype}")
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            raise ValueError(f"{where} holds NaN or infinite values")
+        if entry["kind"] == "binary" and ((value != 0) & (value != 1)).any():
+            raise ValueError(f"{where}: a MultiBinary observation is 0 or 1")
+        if entry["kind"] == "onehot" and (value.dtype.kind == "f" and (value % 1 != 0).any()):
+            raise ValueError(f"{where}: expected whole numbers, got {value.reshape(-1)[:8]}")
+    return layout.pack(entries, batch, spec.obs_dim, spec.obs_dtype)[0]
 
 
 class _LearnerThread:

@@ -246,7 +246,7 @@ def pack(group: AgentGroup, chunks: Sequence[Chunk], num_steps: int) -> GroupBat
             columns[shortest].append(chunk)
             heights[shortest] += len(chunk) + 1
     steps, width = max([*heights, 1]), len(columns)
-    obs = np.zeros((steps, width, spec.obs_dim), np.float32)
+    obs = np.zeros((steps, width, spec.obs_dim), spec.obs_dtype)  # uint8 rows: frames
     actions = np.zeros((steps, width, *spec.action_shape), spec.action_dtype)
     logprob = np.zeros((steps, width), np.float32)
     values = np.zeros((steps, width), np.float32)

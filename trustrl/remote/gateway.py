@@ -7,7 +7,9 @@ three calls of ``proto/trustrl.proto`` and nothing else:
 * **Fetch**: the newest policy (version, description, weights as arrays, and on request
   the same policy as an ONNX model), a long poll like ``Inbox.latest``;
 * **Submit**: chunks of experience, full (what the Python ``Agent`` sends) or thin (what
-  the agent saw and did; thin.py computes the rest with the acting version's weights);
+  the agent saw and did, a structured observation's entries raw; thin.py checks each
+  entry, packs them into the policy's rows and computes the rest with the acting
+  version's weights);
   each becomes the wire format's payload and goes through ``Inbox.submit``, which
   checks it field by field, spools and queues it, recorded with the agent's name;
 * **Status**: the learner's settings for agents, its version, and the gateway's counts,

@@ -25,7 +25,7 @@ SERVICE = "trustrl.gateway.v1.Gateway"
 """The gRPC service of proto/trustrl.proto: calls are /SERVICE/Fetch, /Submit, /Status."""
 DTYPES = {
     name: np.dtype(name).newbyteorder("<")
-    for name in ("float32", "float64", "int64", "int32", "uint8", "bool")
+    for name in ("float32", "float64", "int64", "int32", "int8", "uint8", "bool")
 }
 MAX_DIMS = 8
 CHUNK_ARRAYS = (
@@ -39,6 +39,11 @@ CHUNK_ARRAYS = (
     "obs_m2",
 )
 """The Chunk message's array fields, by the names the wire format gives them."""
+ENTRY_PREFIX = "obs/"
+"""A thin chunk's raw observation entries (the message's ``obs_entries``) go by
+``obs/<key>`` among its arrays (thin.py)."""
+MAX_KEY = 100
+"""The longest entry key taken (a policy's keys are its observation space's)."""
 
 
 def to_numpy(message: pb.Array, name: str) -> np.ndarray:
@@ -85,13 +90,21 @@ def to_message(array: np.ndarray, out: pb.Array | None = None) -> pb.Array:
 
 
 def chunk_arrays(message: pb.Chunk) -> dict[str, np.ndarray]:
-    """The arrays a chunk message sets, by name (a ChunkError for one that does not
-    decode)."""
-    return {
+    """The arrays a chunk message sets, by name, the raw observation entries of a thin
+    chunk as ``obs/<key>`` (a ChunkError for one that does not decode)."""
+    arrays = {
         name: to_numpy(getattr(message, name), name)
         for name in CHUNK_ARRAYS
         if message.HasField(name)
     }
+    for key, array in message.obs_entries.items():
+        if len(key) > MAX_KEY:
+            raise ChunkError(
+                f"obs_entries key {key[:40]!r}... is over {MAX_KEY} characters", "unknown_array"
+            )
+        name = ENTRY_PREFIX + key
+        arrays[name] = to_numpy(array, name)
+    return arrays
 
 
 def is_thin(message: pb.Chunk) -> bool:

@@ -13,6 +13,19 @@ learner's per-agent reward statistics (``Stream``), episode return and length in
 So an agent in any language needs a gRPC client and something that runs the ONNX model
 the gateway hands out (with its sampling parameters), nothing of trustrl. No torch, no
 Ray: the acting side's numpy inference.
+
+Structured observations (images, Dict, Tuple, Discrete, MultiDiscrete, MultiBinary:
+envs/layout.py) travel raw, entry by entry, as the env handed them out: a Dict's or a
+Tuple's entries as ``obs/<key>`` arrays (the message's ``obs_entries``), a whole
+observation that is one entry (a frame, a Discrete index) as ``obs``; each of shape
+(rows, *entry shape). ``check_thin`` checks every entry against its space (shape,
+dtype: a frame's own, uint8 or bool; values: finite vectors, one-hot indices within
+their space, 0/1 binaries) and names the entry that does not fit; ``thicken`` packs them
+into the rows the policy reads (``layout.pack``: uint8 rows stay bytes), normalizes the
+vector columns only and takes their statistics. Why raw entries rather than packed rows:
+they are what the client saw (no one-hot encoding or column order to reimplement in
+another language), and a frame of the wrong dtype (a float frame where the policy takes
+uint8) is refused naming the entry, which a packed float row could not tell.
 """
 
 from __future__ import annotations
@@ -23,11 +36,18 @@ from typing import Any
 import numpy as np
 
 from trustrl.acting.inference import Inference
+from trustrl.envs import layout
+from trustrl.envs.layout import Entry
 from trustrl.envs.spaces import SpaceSpec
 from trustrl.normalize import MeanStd, RunningStats
 from trustrl.remote.wire import Chunk, ChunkError, check_actions, check_arrays
 
 THIN_ARRAYS = ("obs", "actions", "rewards", "action_mask")
+ENTRY_PREFIX = "obs/"
+"""A structured observation's entry ``key`` travels as the array ``obs/<key>``
+(messages.ENTRY_PREFIX)."""
+TRAVELS = ("float32", "float64", "int64", "int32", "int8", "uint8", "bool")
+"""The dtypes an array travels in (messages.DTYPES)."""
 
 
 @dataclass
@@ -47,10 +67,14 @@ def check_thin(
 ) -> int:
     """The number of steps of a thin chunk whose arrays fit ``spec``; a ChunkError with
     the check's reason (wire.REASONS) for one that does not."""
-    unknown = sorted(set(tensors) - set(THIN_ARRAYS))
+    allowed = list(THIN_ARRAYS)
+    if spec.obs_entries and not _whole(spec):
+        allowed = [ENTRY_PREFIX + e["key"] for e in spec.obs_entries] + allowed[1:]
+    unknown = sorted(set(tensors) - set(allowed))
     if unknown:
         raise ChunkError(
-            f"a thin chunk (no logprob) holds {list(THIN_ARRAYS)}, not {unknown}",
+            f"a thin chunk (no logprob) of this policy holds {allowed}, not "
+            f"{[name[:80] for name in unknown[:8]]}",
             "unknown_array",
         )
     rewards = tensors.get("rewards")
@@ -61,17 +85,84 @@ def check_thin(
         raise ChunkError(f"a chunk holds 1 to {max_length:,} steps, got {length}", "length")
     rows = length + (ending != "terminated")
     expected: dict[str, tuple[tuple[int, ...], Any]] = {
-        "obs": ((rows, *spec.obs_shape), np.float32),
         "actions": ((length, *spec.action_shape), spec.action_dtype),
         "rewards": ((length,), np.float32),
     }
+    if not spec.obs_entries:
+        expected = {"obs": ((rows, *spec.obs_shape), np.float32), **expected}
     if spec.mask_dim is not None and "action_mask" in tensors:
         expected["action_mask"] = ((length, spec.mask_dim), np.bool_)
     elif "action_mask" in tensors:
         raise ChunkError("action_mask sent for a policy without action masks", "mask")
+    for entry in spec.obs_entries:
+        check_entry(tensors, entry, rows, _whole(spec))
     check_arrays(tensors, expected)
     check_actions(spec, tensors["actions"])
     return length
+
+
+def _whole(spec: SpaceSpec) -> bool:
+    """Whether the observation is one entry (a frame, a Discrete...), sent as ``obs``."""
+    return len(spec.obs_entries) == 1 and spec.obs_entries[0]["key"] == ""
+
+
+def entry_dtypes(entry: Entry) -> tuple[str, ...]:
+    """The dtypes an entry's raw observations may travel in: a frame its own (uint8,
+    bool, or a float image's float), a vector float32 or its own, a Discrete or
+    MultiDiscrete index any integer, a MultiBinary 0/1 integers or bool."""
+    kind, dtype = entry["kind"], entry["dtype"]
+    if kind == "image":
+        return (dtype,)
+    if kind == "vector":
+        return tuple(dict.fromkeys(("float32", dtype if dtype in TRAVELS else "float32")))
+    if kind == "onehot":
+        return ("int64", "int32", "int8", "uint8")
+    return ("int8", "uint8", "bool", "int32", "int64")
+
+
+def check_entry(tensors: dict[str, np.ndarray], entry: Entry, rows: int, whole: bool) -> None:
+    """One observation entry of a thin chunk: there, (rows, *its shape), of a dtype it
+    travels in, and its values within its space; a ChunkError names the entry, what it
+    expected and what it got."""
+    key = entry["key"]
+    name = "obs" if whole else ENTRY_PREFIX + key
+    where = f"observation entry {key!r} ({name!r})" if key else "the observation ('obs')"
+    shape = (rows, *entry["shape"])
+    allowed = entry_dtypes(entry)
+    what = f"{entry['kind']} {' or '.join(allowed)}{list(shape)}"
+    if name not in tensors:
+        raise ChunkError(f"{where} is missing: expected {what}", "missing_array")
+    value = tensors[name]
+    if value.dtype.name not in allowed or value.shape != shape:
+        raise ChunkError(f"{where}: expected {what}, got {value.dtype}{list(value.shape)}", "array")
+    if value.dtype.kind == "f" and not np.isfinite(value).all():
+        raise ChunkError(f"{where} holds NaN or infinite values", "not_finite")
+    if entry["kind"] == "binary" and ((value != 0) & (value != 1)).any():
+        raise ChunkError(f"{where}: a MultiBinary observation is 0 or 1", "array")
+    if entry["kind"] == "onehot" and value.size:
+        index = value.reshape(rows, -1).astype(np.int64)
+        low = np.asarray(entry["start"])
+        high = low + np.asarray(entry["nvec"])
+        outside = (index < low) | (index >= high)
+        if outside.any():
+            bad = int(index[outside][0])
+            ranges = [f"{a}..{b - 1}" for a, b in zip(low.tolist(), high.tolist(), strict=True)]
+            raise ChunkError(f"{where}: value {bad} is outside {', '.join(ranges)}", "array")
+
+
+def raw_rows(tensors: dict[str, np.ndarray], spec: SpaceSpec) -> np.ndarray:
+    """The raw observations of a checked thin chunk as rows: a flat Box's as float64, a
+    structured observation's packed (``spec.obs_dtype``: frames stay bytes)."""
+    if not spec.obs_entries:
+        return tensors["obs"].reshape(-1, spec.obs_dim).astype(np.float64)
+    if _whole(spec):
+        raw: Any = tensors["obs"]
+    else:
+        raw = {e["key"]: tensors[ENTRY_PREFIX + e["key"]] for e in spec.obs_entries}
+    try:
+        return layout.pack(spec.obs_entries, raw, spec.obs_dim, spec.obs_dtype)
+    except ValueError as exc:  # what check_entry let through (it checks the same)
+        raise ChunkError(str(exc), "array") from None
 
 
 def thicken(
@@ -89,9 +180,9 @@ def thicken(
     ending = header["ending"]
     rewards = tensors["rewards"].astype(np.float64)
     length = len(rewards)
-    raw = tensors["obs"].reshape(-1, spec.obs_dim).astype(np.float64)
-    norm = inference.obs_normalizer
-    x = norm.normalize_array(raw) if norm is not None else raw.astype(np.float32)
+    raw = raw_rows(tensors, spec)
+    norm = inference.obs_normalizer  # over the vector columns (all of a flat row)
+    x = norm.normalize_array(raw) if norm is not None else raw.astype(spec.obs_dtype)
     agent = np.full(len(x), agent_index)
     mask = tensors.get("action_mask")
     logprob = inference.log_prob_of(x[:length], tensors["actions"], mask, agent[:length])
@@ -105,13 +196,15 @@ def thicken(
         seq=header["seq"],
         version=header["version"],
         ending=ending,
-        obs=np.ascontiguousarray(x[:length], dtype=np.float32),
+        obs=np.ascontiguousarray(x[:length], dtype=spec.obs_dtype),
         actions=np.ascontiguousarray(tensors["actions"]),
         logprob=logprob.astype(np.float32),
         values=values,
         rewards=scaled,
         action_mask=mask,
-        obs_delta=RunningStats.of(raw[:length]) if norm is not None else None,
+        obs_delta=RunningStats.of(raw[:length, : spec.vector_dim].astype(np.float64))
+        if norm is not None
+        else None,
         episode_return=returns[0] if ending != "cut" else None,
         episode_length=returns[1] if ending != "cut" else None,
         sender=header["sender"],

@@ -116,13 +116,13 @@ class Chunk:
     seq: int  # ... its number there: (source, seq) identifies the chunk
     version: int  # the policy version that acted
     ending: str  # one of ENDINGS
-    obs: np.ndarray  # (L, obs_dim) float32, normalized as acted on
+    obs: np.ndarray  # (L, obs_dim) of spec.obs_dtype, normalized as acted on (uint8: frames)
     actions: np.ndarray  # (L, *action_shape)
     logprob: np.ndarray  # (L,) float32, the behaviour policy's
     values: np.ndarray  # (L + 1,) float32: the last is the bootstrap (0 when terminated)
     rewards: np.ndarray  # (L,) float32, after the agent's reward scaling
     action_mask: np.ndarray | None  # (L, A) bool
-    obs_delta: RunningStats | None  # the raw observations seen
+    obs_delta: RunningStats | None  # the raw observations seen: their vector columns
     episode_return: float | None  # raw return of the episode this chunk ended, if it did
     episode_length: int | None
     sender: str = ""  # the gateway's name for the agent that sent it (its token's)
@@ -217,7 +217,7 @@ def decode_chunk(
     if not 1 <= length <= max_length:
         raise ChunkError(f"a chunk holds 1 to {max_length:,} steps, got {length}", "length")
     expected: dict[str, tuple[tuple[int, ...], Any]] = {
-        "obs": ((length, spec.obs_dim), np.float32),
+        "obs": ((length, spec.obs_dim), spec.obs_dtype),
         "actions": ((length, *spec.action_shape), spec.action_dtype),
         "logprob": ((length,), np.float32),
         "values": ((length + 1,), np.float32),
@@ -227,10 +227,10 @@ def decode_chunk(
         expected["action_mask"] = ((length, spec.mask_dim), np.bool_)
     elif "action_mask" in tensors:
         raise ChunkError("action_mask sent for a policy without action masks", "mask")
-    if count is not None:
-        expected["obs_mean"] = ((spec.obs_dim,), np.float64)
-        expected["obs_m2"] = ((spec.obs_dim,), np.float64)
-    check_arrays(tensors, expected)
+    if count is not None:  # the statistics of the row's vector columns (all of a flat row)
+        expected["obs_mean"] = ((spec.vector_dim,), np.float64)
+        expected["obs_m2"] = ((spec.vector_dim,), np.float64)
+    check_arrays(tensors, expected, spec)
     actions = tensors["actions"]
     check_actions(spec, actions)
     delta = None
@@ -281,22 +281,39 @@ def check_header(
 
 
 def check_arrays(
-    tensors: dict[str, np.ndarray], expected: dict[str, tuple[tuple[int, ...], Any]]
+    tensors: dict[str, np.ndarray],
+    expected: dict[str, tuple[tuple[int, ...], Any]],
+    spec: SpaceSpec | None = None,
 ) -> None:
     """Each array of ``expected`` (name: (shape, dtype)) is in ``tensors``, of that shape
-    and dtype, and finite if it is of floats; a ChunkError names the first that is not."""
+    and dtype, and finite if it is of floats; a ChunkError names the first that is not
+    (for the rows of a structured observation, ``spec``'s, with the entries they hold)."""
     for name, (shape, dtype) in expected.items():
         if name not in tensors:
             raise ChunkError(f"array {name!r} is missing", "missing_array")
         array = tensors[name]
         if array.shape != shape or array.dtype != dtype:
+            layout = ""
+            if name == "obs" and spec is not None and spec.obs_entries:
+                layout = f" (each row packs {row_layout(spec)})"
             raise ChunkError(
                 f"array {name!r} is {array.dtype}{list(array.shape)}, expected "
-                f"{np.dtype(dtype)}{list(shape)}",
+                f"{np.dtype(dtype)}{list(shape)}{layout}",
                 "array",
             )
         if array.dtype.kind == "f" and not np.isfinite(array).all():
             raise ChunkError(f"array {name!r} holds NaN or infinite values", "not_finite")
+
+
+def row_layout(spec: SpaceSpec) -> str:
+    """A structured observation's row in words, for messages (envs/layout.py): "entry
+    'vec' (vector float32 (2,), 2 columns), entry 'grid' (image bool (6, 6, 2), 72
+    columns)"."""
+    return ", ".join(
+        f"{'entry ' + repr(e['key']) if e['key'] else 'the observation'} ({e['kind']} "
+        f"{e['dtype']} {tuple(e['shape'])}, {e['width']} columns)"
+        for e in spec.obs_entries
+    )
 
 
 def check_actions(spec: SpaceSpec, actions: np.ndarray) -> None:

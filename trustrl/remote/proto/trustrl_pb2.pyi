@@ -73,7 +73,14 @@ class FetchReply(_message.Message):
     def __init__(self, version: _Optional[int] = ..., finished: _Optional[bool] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ...) -> None: ...
 
 class Chunk(_message.Message):
-    __slots__ = ("agent", "source", "seq", "version", "ending", "obs", "actions", "rewards", "action_mask", "logprob", "values", "obs_mean", "obs_m2", "obs_count", "episode_return", "episode_length")
+    __slots__ = ("agent", "source", "seq", "version", "ending", "obs", "actions", "rewards", "action_mask", "logprob", "values", "obs_mean", "obs_m2", "obs_count", "episode_return", "episode_length", "obs_entries")
+    class ObsEntriesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Array
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Array, _Mapping]] = ...) -> None: ...
     AGENT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +97,7 @@ class Chunk(_message.Message):
     OBS_COUNT_FIELD_NUMBER: _ClassVar[int]
     EPISODE_RETURN_FIELD_NUMBER: _ClassVar[int]
     EPISODE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    OBS_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     agent: str
     source: str
     seq: int
@@ -106,7 +114,8 @@ class Chunk(_message.Message):
     obs_count: float
     episode_return: float
     episode_length: int
-    def __init__(self, agent: _Optional[str] = ..., source: _Optional[str] = ..., seq: _Optional[int] = ..., version: _Optional[int] = ..., ending: _Optional[str] = ..., obs: _Optional[_Union[Array, _Mapping]] = ..., actions: _Optional[_Union[Array, _Mapping]] = ..., rewards: _Optional[_Union[Array, _Mapping]] = ..., action_mask: _Optional[_Union[Array, _Mapping]] = ..., logprob: _Optional[_Union[Array, _Mapping]] = ..., values: _Optional[_Union[Array, _Mapping]] = ..., obs_mean: _Optional[_Union[Array, _Mapping]] = ..., obs_m2: _Optional[_Union[Array, _Mapping]] = ..., obs_count: _Optional[float] = ..., episode_return: _Optional[float] = ..., episode_length: _Optional[int] = ...) -> None: ...
+    obs_entries: _containers.MessageMap[str, Array]
+    def __init__(self, agent: _Optional[str] = ..., source: _Optional[str] = ..., seq: _Optional[int] = ..., version: _Optional[int] = ..., ending: _Optional[str] = ..., obs: _Optional[_Union[Array, _Mapping]] = ..., actions: _Optional[_Union[Array, _Mapping]] = ..., rewards: _Optional[_Union[Array, _Mapping]] = ..., action_mask: _Optional[_Union[Array, _Mapping]] = ..., logprob: _Optional[_Union[Array, _Mapping]] = ..., values: _Optional[_Union[Array, _Mapping]] = ..., obs_mean: _Optional[_Union[Array, _Mapping]] = ..., obs_m2: _Optional[_Union[Array, _Mapping]] = ..., obs_count: _Optional[float] = ..., episode_return: _Optional[float] = ..., episode_length: _Optional[int] = ..., obs_entries: _Optional[_Mapping[str, Array]] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
     __slots__ = ("chunks",)
