@@ -160,7 +160,8 @@ class Structured(nn.Module):
             columns = x[:, start:stop]
             if name is not None:
                 cnn = cast("ConvEncoder", self.front[name])
-                pieces.append(cnn(columns.reshape(len(x), *cnn.image_shape)))
+                # x.shape[0], not len(x): tracing (export) keeps the batch axis dynamic.
+                pieces.append(cnn(columns.reshape(x.shape[0], *cnn.image_shape)))
             else:
                 pieces.append(columns.to(torch.float32))
         if x.shape[1] > self.width:  # the agent id's columns

@@ -43,7 +43,7 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,8 +51,7 @@ from torch import Tensor, nn
 
 from trustrl.envs.layout import Entry
 from trustrl.envs.spaces import SpaceSpec
-from trustrl.learner.cnn import ConvEncoder
-from trustrl.learner.policy import Policy, Structured
+from trustrl.learner.policy import Policy
 
 FORMATS = {"onnx": ".onnx", "torchscript": ".pt"}
 ONNX_OPSET = 17
@@ -128,23 +127,6 @@ def input_names(spec: SpaceSpec) -> list[str]:
     return [*names, "action_mask"] if spec.masked else names
 
 
-def _encode(actor: Structured, x: Tensor) -> Tensor:
-    """``Structured.forward`` on packed rows (no agent id), as traced: the batch axis read
-    as ``x.shape[0]``, which the tracer keeps dynamic (``len(x)``, as ``forward`` reads
-    it, would be traced as the example's batch size)."""
-    pieces = []
-    for start, stop, name in actor.columns:
-        columns = x[:, start:stop]
-        if name is not None:
-            cnn = cast("ConvEncoder", actor.front[name])
-            pieces.append(cnn(columns.reshape(x.shape[0], *cnn.image_shape)))
-        else:
-            pieces.append(columns.to(torch.float32))
-    features = pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
-    encoded: Tensor = actor.body(features)
-    return encoded
-
-
 class DeployedActor(nn.Module):
     """Raw observation batch (and mask) -> deterministic env actions, for tracing. A
     structured observation comes as a list of its entries (``EntryInputs`` gives them
@@ -209,7 +191,7 @@ class DeployedActor(nn.Module):
             vectors = vectors.clamp(-self.obs_clip, self.obs_clip)
             x = torch.cat([vectors, x[:, width:]], 1)
         mask = action_mask.to(torch.bool) if action_mask is not None else None
-        params: Tensor = self.head.forward(_encode(cast("Structured", self.actor), x), mask)
+        params: Tensor = self.head.forward(self.actor(x), mask)
         return params
 
     def mode(self, params: Tensor) -> Tensor:
