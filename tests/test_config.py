@@ -72,6 +72,7 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("env.obs_clip", math.nan, ("env.obs_clip", "nan"), {}),
     ("env.reward_clip", -2.0, ("env.reward_clip", "-2.0"), {}),
     ("env.nonfinite", "skip", ("env.nonfinite", "error, drop", '"skip"'), {}),
+    ("env.frame_stack", -1, ("env.frame_stack must be an integer >= 0, got -1",), {}),
     ("rollout.num_steps", 0, ("rollout.num_steps", "got 0"), {}),
     ("rollout.gamma", 1.5, ("rollout.gamma", "1.5", "[0, 1]"), {}),
     ("rollout.gamma", -0.1, ("rollout.gamma", "-0.1"), {}),
@@ -146,6 +147,7 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
 UNVALIDATED = {
     "env.normalize_obs",
     "env.normalize_reward",
+    "env.episodic_life",
     "policy.ortho_init",
     "policy.encoder",  # a registered name: the registry refuses others when the policy is built
     "ppo.anneal_lr",

@@ -177,8 +177,9 @@ def make_atari(
 
     ``kwargs`` go to ``gym.make`` (``repeat_action_probability``, ``mode``,
     ``render_mode``, ...), except ``frameskip``, which sets the wrapper's frame skip (4),
-    and ``max_episode_steps``, which counts agent steps (Gymnasium's would count frames
-    here). ``frame_stack`` 0 stacks 4 frames; ``episodic_life`` is for training only."""
+    and ``max_episode_steps``, which counts steps of ``frameskip`` frames, the fire
+    reset's included (Gymnasium's would count single frames here), over a whole game.
+    ``frame_stack`` 0 stacks 4 frames; ``episodic_life`` is for training only."""
     register_namespace(env_id)
     kwargs = dict(kwargs or {})
     frame_skip = kwargs.pop("frameskip", 4)

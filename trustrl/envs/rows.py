@@ -92,7 +92,7 @@ class GroupStep:
     continues: np.ndarray | None = None
     """(rows,) bool: the row's termination is a life loss and the game goes on (episodic
     life, ``atari.EpisodicLife``); the episode's return carries on for reporting. None:
-    no row's env tells (every termination ends the game)."""
+    no row's env said so at this step (every termination ends the game)."""
 
 
 class NonFiniteError(RuntimeError):
