@@ -77,7 +77,20 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("rollout.gamma", 1.5, ("rollout.gamma", "1.5", "[0, 1]"), {}),
     ("rollout.gamma", -0.1, ("rollout.gamma", "-0.1"), {}),
     ("rollout.gae_lambda", 1.01, ("rollout.gae_lambda", "1.01"), {}),
-    ("policy.hidden_sizes", [], ("policy.hidden_sizes", "()"), {}),
+    (
+        "policy.cnn_channels",
+        [8, 8],
+        ("policy.cnn_channels, policy.cnn_kernels and policy.cnn_strides", "[8, 8], [3] and [1]"),
+        {"policy": {"cnn_kernels": [3], "cnn_strides": [1]}},
+    ),
+    (
+        "policy.cnn_kernels",
+        [0],
+        ("one entry per conv layer", "[8], [0] and [1]"),
+        {"policy": {"cnn_channels": [8], "cnn_strides": [1]}},
+    ),
+    ("policy.cnn_strides", [2], ("policy.cnn_strides", "[], [] and [2]"), {}),
+    ("policy.cnn_linear", -1, ("policy.cnn_linear must be a non-negative integer", "-1"), {}),
     ("policy.hidden_sizes", [64, 0], ("policy.hidden_sizes", "(64, 0)"), {}),
     ("policy.activation", "gelu", ("policy.activation", '"gelu"', "tanh"), {}),
     ("policy.log_std_init", 3.0, ("policy.log_std_init", "3.0", "[-20, 2]"), {}),
@@ -148,6 +161,9 @@ UNVALIDATED = {
     "env.normalize_obs",
     "env.normalize_reward",
     "env.episodic_life",
+    "env.clip_reward",
+    "env.image_keys",  # checked against the observation space when the env is built
+    "policy.share_encoder",  # refused by TRPO and separate optimizers when they are built
     "policy.ortho_init",
     "policy.encoder",  # a registered name: the registry refuses others when the policy is built
     "ppo.anneal_lr",
@@ -256,6 +272,8 @@ def wrong_values(hint: Any) -> list[Any]:
         return ["0.1", True, False, [0.1]]
     if kind is str or origin is typing.Literal:
         return [3, 0.5, True, ["a"]]
+    if origin is tuple and typing.get_args(kind)[0] is str:
+        return [64, "64", [64], [True]]
     if origin is tuple and typing.get_args(kind)[0] is float:
         return [64, "64", [True], ["64"]]
     if origin is tuple:

@@ -611,18 +611,15 @@ SECTIONS: dict[str, type] = {
 }
 
 
-_TUPLES = {
-    (PolicyConfig, "hidden_sizes"),
-    *(
-        (AgentConfig, n)
-        for n in ("observation_shape", "action_choices", "action_low", "action_high")
-    ),
-}
-
-
 def _coerce(cls: type, name: str, value: Any) -> Any:
-    """TOML has no tuples; hidden sizes arrive as lists."""
-    if isinstance(value, list) and (cls, name) in _TUPLES:
+    """TOML has no tuples: a tuple field's list (hidden sizes, conv layers) becomes one."""
+    if not isinstance(value, list):
+        return value
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = get_type_hints(cls)
+    hint = hints.get(name)
+    if get_origin(hint) is tuple:
         return tuple(value)
     return value
 
