@@ -1,0 +1,161 @@
+"""The pixel suite: trustrl's MinAtar presets at their 10M-step budget on three seeds, with
+a final deterministic and stochastic evaluation, beside gymnax's published PPO figures.
+
+    .venv/bin/python benchmarks/pixels.py --run-root /work/minatar-runs          # train + report
+    .venv/bin/python benchmarks/pixels.py --run-root /work/minatar-runs --games Breakout --seeds 1
+    .venv/bin/python benchmarks/pixels.py --run-root /work/minatar-runs --report-only
+
+One run at a time, seed-major (every game's first seed before any second seed), each
+``trustrl train MinAtar/<game>-v1 --seed S`` in a subprocess. A run cut short (the end of
+a working session, a kill) resumes from its last checkpoint the next time the suite
+starts (``trustrl train --resume``): nothing trained is lost. A finished run is
+evaluated once, 100 episodes deterministic and 100 stochastic (the policy samples, as
+gymnax's figures do), and marked done (``result.json``).
+
+The report (stdout, and with ``--write-docs`` the table between the markers of
+docs/pixels.md) gives per game the mean over the finished seeds, the worst seed, the
+wall time of a run and gymnax's figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TRUSTRL = [sys.executable, "-m", "trustrl.cli"]
+
+# gymnax's README, "PPO" column (an MLP on the flattened grid, 10M steps; the mean return
+# of stochastic episodes): https://github.com/RobertTLange/gymnax#implemented-accelerated-environments-
+GYMNAX = {"Breakout": 28.0, "SpaceInvaders": 131.0, "Asterix": 15.0, "Freeway": 58.0}
+GAMES = ("Breakout", "SpaceInvaders", "Asterix", "Freeway")
+EPISODES = 100
+RESULT = "result.json"
+MARKERS = ("<!-- pixels-table:start -->", "<!-- pixels-table:end -->")
+
+
+def run_dir(root: Path, game: str, seed: int) -> Path:
+    return root / f"{game}__{seed}"
+
+
+def train(folder: Path, game: str, seed: int) -> float:
+    """Train (or resume) one run to its preset's budget; the wall seconds it took now."""
+    start = time.monotonic()
+    if (folder / "checkpoints").is_dir() and any((folder / "checkpoints").iterdir()):
+        command = [*TRUSTRL, "train", "--resume", str(folder), "--quiet"]
+    else:
+        env_id = f"MinAtar/{game}-v1"
+        command = [*TRUSTRL, "train", env_id, "--seed", str(seed), "--run-dir", str(folder)]
+        command += ["--overwrite", "--quiet"]
+    subprocess.run(command, check=True, cwd=ROOT)
+    return time.monotonic() - start
+
+
+def evaluate(folder: Path, deterministic: bool) -> dict[str, Any]:
+    flag = "--deterministic" if deterministic else "--no-deterministic"
+    command = [*TRUSTRL, "eval", str(folder), "--episodes", str(EPISODES), flag, "--json"]
+    done = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def finish(folder: Path, game: str, seed: int) -> None:
+    """Evaluate a trained run and mark it done (atomically)."""
+    result = {
+        "game": game,
+        "seed": seed,
+        "deterministic": evaluate(folder, True),
+        "stochastic": evaluate(folder, False),
+    }
+    tmp = folder / (RESULT + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(folder / RESULT)
+
+
+def results(root: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(root.glob(f"*/{RESULT}"))]
+
+
+def report(root: Path) -> str:
+    rows = [
+        "| game | seeds done | deterministic, mean (worst) | stochastic, mean (worst) "
+        "| gymnax PPO (stochastic) | above | wall per run |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    found = results(root)
+    for game in GAMES:
+        mine = [r for r in found if r["game"] == game]
+        if not mine:
+            rows.append(f"| {game} | 0 | not yet measured | | {GYMNAX[game]:g} | | |")
+            continue
+        det = [r["deterministic"]["mean_return"] for r in mine]
+        sto = [r["stochastic"]["mean_return"] for r in mine]
+        walls = [_wall(root, game, r["seed"]) for r in mine]
+        above = "yes" if statistics.mean(sto) > GYMNAX[game] else "no"
+        rows.append(
+            f"| {game} | {len(mine)} ({', '.join(str(r['seed']) for r in mine)}) "
+            f"| {statistics.mean(det):.1f} ({min(det):.1f}) "
+            f"| {statistics.mean(sto):.1f} ({min(sto):.1f}) | {GYMNAX[game]:g} | {above} "
+            f"| {statistics.median(walls) / 60:.0f} min |"
+        )
+    return "\n".join(rows)
+
+
+def _wall(root: Path, game: str, seed: int) -> float:
+    """A run's training wall time: progress.csv's last wall_time (it spans resumed
+    sessions: the trainer carries it in the checkpoint)."""
+    lines = (run_dir(root, game, seed) / "progress.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    return float(lines[-1].split(",")[header.index("wall_time")])
+
+
+def write_docs(table: str) -> None:
+    path = ROOT / "docs" / "pixels.md"
+    text = path.read_text()
+    start, end = (text.index(m) for m in MARKERS)
+    path.write_text(text[: start + len(MARKERS[0])] + "\n" + table + "\n" + text[end:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run-root", type=Path, required=True)
+    parser.add_argument("--games", default=",".join(GAMES))
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    games = [g for g in args.games.split(",") if g]
+    unknown = set(games) - set(GAMES)
+    if unknown:
+        parser.error(f"--games: unknown {sorted(unknown)}; choose from {', '.join(GAMES)}")
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    args.run_root.mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        for seed in seeds:
+            for game in games:
+                folder = run_dir(args.run_root, game, seed)
+                if (folder / RESULT).exists():
+                    continue
+                print(f"{game} seed {seed} ...", flush=True)
+                seconds = train(folder, game, seed)
+                finish(folder, game, seed)
+                result = json.loads((folder / RESULT).read_text())
+                print(
+                    f"  deterministic {result['deterministic']['mean_return']:.1f}, "
+                    f"stochastic {result['stochastic']['mean_return']:.1f}, "
+                    f"{seconds / 60:.1f} min this session",
+                    flush=True,
+                )
+    table = report(args.run_root)
+    print(table)
+    if args.write_docs:
+        write_docs(table)
+
+
+if __name__ == "__main__":
+    main()
