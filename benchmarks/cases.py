@@ -63,6 +63,19 @@ DEFAULTS: dict[str, Any] = {
     "normalize_reward": False,
     "obs_clip": 10.0,
     "reward_clip": 10.0,
+    # Pixels (cases 7 and 8). env_kwargs go to gym.make on both sides; the Atari stack's
+    # frame stack, episodic life and reward clipping are trustrl's env.frame_stack,
+    # env.episodic_life and env.clip_reward, and SB3's VecFrameStack and AtariWrapper's
+    # terminal_on_life_loss and clip_reward. "cnn" names the image encoder both sides
+    # use (None: no images): "nature" (SB3's NatureCNN, trustrl's default for frames of
+    # 36 px and more) or "minatar" (16 3x3 filters and 128 units, trustrl's default for
+    # smaller grids; SB3 gets it as a custom features extractor, benchmarks/worker.py).
+    "env_kwargs": {},
+    "frame_stack": 0,
+    "episodic_life": True,
+    "clip_reward": False,
+    "share_encoder": False,
+    "cnn": None,
     # trustrl only (SB3's worker sets torch.set_num_threads(1) itself).
     "torch_threads": 1,
     # TRPO only.
@@ -73,6 +86,29 @@ DEFAULTS: dict[str, Any] = {
     "line_search_shrink": 0.8,
     "vf_lr": 1e-3,
     "train_vf_iters": 5,
+}
+
+# The PPO settings of the pixel cases (7, 8): CleanRL's ppo_atari / the zoo's Atari PPO, but
+# for annealing (none here, on both sides) and value clipping (none, as in every case):
+# 8 envs x 128 steps, 4 epochs of 4 minibatches (256 rows). The CNN is shared by actor and
+# critic on both sides (SB3's CnnPolicy default, trustrl's policy.share_encoder), the
+# heads read its ReLU features directly (no hidden layers).
+PIXEL_PPO: dict[str, Any] = {
+    "num_envs": 8,
+    "num_steps": 128,
+    "update_epochs": 4,
+    "num_minibatches": 4,
+    "learning_rate": 2.5e-4,
+    "gamma": 0.99,
+    "gae_lambda": 0.95,
+    "clip_coef": 0.1,
+    "ent_coef": 0.01,
+    "vf_coef": 0.5,
+    "max_grad_norm": 0.5,
+    "hidden_sizes": [],
+    "activation": "relu",
+    "share_encoder": True,
+    "total_steps": 100_000,
 }
 
 CASES: dict[int, dict[str, Any]] = {
@@ -192,6 +228,50 @@ CASES: dict[int, dict[str, Any]] = {
         "solve": {"return": 475.0, "episodes": 10},
         "quick_steps": 65_536,
     },
+    7: {
+        "title": "PPO ALE/Breakout-v5 (Nature CNN, shared), 8 sync envs x 128, 100k steps",
+        "peer": "sb3",
+        "settings": {
+            **PIXEL_PPO,
+            "env_id": "ALE/Breakout-v5",
+            # v5's own (sticky actions 0.25), said on both sides; SB3's env is made with
+            # frameskip=1 as well, its AtariWrapper skipping frames as trustrl's
+            # AtariPreprocessing does (trustrl's make_atari passes frameskip=1 itself).
+            "env_kwargs": {"repeat_action_probability": 0.25},
+            "frame_stack": 4,
+            "episodic_life": True,
+            "clip_reward": True,
+            "cnn": "nature",
+        },
+        # What differs on the env side, with the env-only ceilings of both stacks beside
+        # each run to size it (benchmarks/README.md): SB3's AtariWrapper takes RGB frames
+        # from ALE, max-pools them and converts to grey with OpenCV (WarpFrame, after its
+        # own frame skip), where Gymnasium's AtariPreprocessing reads ALE's grey screen;
+        # SB3 stacks channels last (VecFrameStack) and transposes to (4, 84, 84) for the
+        # CNN (VecTransposeImage), trustrl stacks channels first (FrameStackObservation);
+        # SB3 clips rewards in the wrapper, trustrl in the collector; SB3's DummyVecEnv
+        # resets within the step that ended an episode (every lost life, with episodic
+        # life), trustrl's NEXT_STEP autoreset spends one row on it, counted in its env
+        # steps (the worker reports the share of such rows).
+        "time_split": True,
+        "rollout_memory": True,
+        "quick_steps": 2_048,
+    },
+    8: {
+        "title": "PPO MinAtar/Breakout-v1 (MinAtar CNN, shared), 8 sync envs x 128, 100k steps",
+        "peer": "sb3",
+        "settings": {
+            **PIXEL_PPO,
+            "env_id": "MinAtar/Breakout-v1",
+            # SB3's NatureCNN needs frames of 36 px and more: it gets a features extractor
+            # equal to trustrl's small CNN (bool grids cast to float, channels last
+            # permuted to first, normalize_images=False), benchmarks/worker.py.
+            "cnn": "minatar",
+        },
+        "time_split": True,
+        "rollout_memory": True,
+        "quick_steps": 2_048,
+    },
 }
 
 
@@ -232,6 +312,10 @@ def trustrl_table(s: dict[str, Any], seed: int, run_dir: str) -> dict[str, Any]:
             "normalize_reward": s["normalize_reward"],
             "obs_clip": s["obs_clip"],
             "reward_clip": s["reward_clip"],
+            "kwargs": dict(s["env_kwargs"]),
+            "frame_stack": s["frame_stack"],
+            "episodic_life": s["episodic_life"],
+            "clip_reward": s["clip_reward"],
         },
         "rollout": {
             "num_steps": s["num_steps"],
@@ -242,6 +326,7 @@ def trustrl_table(s: dict[str, Any], seed: int, run_dir: str) -> dict[str, Any]:
             "hidden_sizes": tuple(s["hidden_sizes"]),
             "activation": s["activation"],
             "ortho_init": s["ortho_init"],
+            "share_encoder": s["share_encoder"],
         },
     }
     if s["algo"] == "ppo":
@@ -300,17 +385,51 @@ class LinearSchedule:
 def sb3_setup(s: dict[str, Any], seed: int) -> dict[str, Any]:
     """Settings -> Stable-Baselines3 PPO / sb3-contrib TRPO constructor arguments.
 
-    Returns {"algo": "PPO" | "TRPO", "kwargs": {...}, "vec_normalize": {...} | None}; the
-    policy's activation is named ("tanh"), the worker turns it into nn.Tanh.
+    Returns {"algo": "PPO" | "TRPO", "policy": "MlpPolicy" | "CnnPolicy", "kwargs": {...},
+    "vec_normalize": {...} | None, "env": {...}}; the policy's activation is named ("tanh"),
+    the worker turns it into nn.Tanh, and a custom features extractor by its name in
+    ``features_extractor_class`` ("minatar"), the worker's class of that name.
     """
     batch = s["num_envs"] * s["num_steps"]
     minibatch = batch // s["num_minibatches"]
-    policy_kwargs = {
+    policy_kwargs: dict[str, Any] = {
         "net_arch": {"pi": list(s["hidden_sizes"]), "vf": list(s["hidden_sizes"])},
         "activation_fn": s["activation"],
         "ortho_init": s["ortho_init"],
         "log_std_init": 0.0,
     }
+    policy = "MlpPolicy"
+    if s["cnn"] is not None:
+        if s["algo"] != "ppo" or not s["share_encoder"]:
+            raise ValueError("the image cases are PPO with the encoder shared (CnnPolicy's)")
+        policy = "CnnPolicy"
+        policy_kwargs["share_features_extractor"] = True
+        if s["cnn"] == "nature":  # NatureCNN, CnnPolicy's own; frames scaled by 1/255
+            policy_kwargs["features_extractor_kwargs"] = {"features_dim": 512}
+        elif s["cnn"] == "minatar":  # bool grids: no scaling
+            policy_kwargs["features_extractor_class"] = "minatar"
+            policy_kwargs["features_extractor_kwargs"] = {"features_dim": 128}
+            policy_kwargs["normalize_images"] = False
+        else:
+            raise ValueError(f"unknown cnn {s['cnn']!r}")
+    env: dict[str, Any] = {"env_kwargs": dict(s["env_kwargs"]), "atari": False}
+    if s["env_id"].startswith("ALE/"):
+        # SB3's make_atari_env: gym.make(id, **env_kwargs), Monitor, AtariWrapper; then
+        # VecFrameStack. frameskip=1: AtariWrapper skips frames itself (MaxAndSkipEnv).
+        env = {
+            "atari": True,
+            "env_kwargs": {**s["env_kwargs"], "frameskip": 1},
+            "wrapper_kwargs": {
+                "noop_max": 30,
+                "frame_skip": 4,
+                "screen_size": 84,
+                "terminal_on_life_loss": s["episodic_life"],
+                "clip_reward": s["clip_reward"],
+            },
+            "frame_stack": s["frame_stack"] or 4,
+        }
+    elif s["frame_stack"] or s["clip_reward"]:
+        raise ValueError("frame_stack and clip_reward are translated for ALE ids only")
     common = {
         "n_steps": s["num_steps"],
         "batch_size": minibatch,
@@ -358,7 +477,13 @@ def sb3_setup(s: dict[str, Any], seed: int) -> dict[str, Any]:
             "clip_reward": s["reward_clip"],
             "gamma": s["gamma"],
         }
-    return {"algo": algo, "kwargs": kwargs, "vec_normalize": vec_normalize}
+    return {
+        "algo": algo,
+        "policy": policy,
+        "kwargs": kwargs,
+        "vec_normalize": vec_normalize,
+        "env": env,
+    }
 
 
 def describe_sb3(setup: dict[str, Any]) -> dict[str, Any]:

@@ -194,6 +194,50 @@ def summarize(case_id: int, runs: list[dict[str, Any]], s: dict[str, Any]) -> di
             ratio(get("trustrl", p, "collect_sps"), get("ceiling", p, "sps")) for p in pairs
         ]
         out["collect_over_ceiling_median"] = median(out["collect_over_ceiling"])
+    if case.get("time_split"):
+        # Seconds per part of the training loop (worker.time_split), per side and pair.
+        parts = ("env", "acting", "update", "other")
+        out["split"] = {
+            side: {part: [get(side, p, "split", part) for p in pairs] for part in parts}
+            for side in ("trustrl", "sb3")
+        }
+        # The peer's seconds over trustrl's, per part and pair (above 1: trustrl faster).
+        out["split_ratio"] = {
+            part: [
+                ratio(get("sb3", p, "split", part), get("trustrl", p, "split", part)) for p in pairs
+            ]
+            for part in parts
+        }
+        # trustrl counts NEXT_STEP's reset rows (one per finished episode, here every lost
+        # life) as env steps; SB3's DummyVecEnv resets inside the step that ended the
+        # episode and counts agent steps only. The same ratio on SB3's count:
+        out["reset_row_share"] = [get("trustrl", p, "reset_row_share") for p in pairs]
+        out["sps_ratio_agent_steps"] = [
+            ratio(
+                None if sps is None or share is None else sps * (1.0 - share),
+                get("sb3", p, "sps"),
+            )
+            for p, sps, share in zip(
+                pairs, out["sps"]["trustrl"], out["reset_row_share"], strict=True
+            )
+        ]
+        out["sps_ratio_agent_steps_median"] = median(out["sps_ratio_agent_steps"])
+        out["policy_params"] = {
+            side: next((get(side, p, "policy_params") for p in pairs), None)
+            for side in ("trustrl", "sb3")
+        }
+    if case.get("rollout_memory"):
+        out["rollout_memory"] = {
+            side: next(
+                (
+                    get(side, p, "rollout_memory")
+                    for p in pairs
+                    if get(side, p, "rollout_memory") is not None
+                ),
+                None,
+            )
+            for side in ("trustrl", "sb3")
+        }
     if case.get("eval_episodes"):
         out["eval_return"] = {
             side: [get(side, p, "eval", "mean_return") for p in pairs]
@@ -266,6 +310,16 @@ def checks(case_id: int, m: dict[str, Any]) -> list[dict[str, Any]]:
         )
     elif case_id == 5:
         add("SPS >= 3x sb3-contrib", fmt_ratio(r), at_least(r, 3.0))
+    elif case_id in (7, 8):
+        goal = {7: 1.2, 8: 3.0}[case_id]
+        add(f"in-learn SPS >= {goal:g}x SB3", fmt_ratio(r), at_least(r, goal))
+        a = m["sps_ratio_agent_steps_median"]
+        share = median(m["reset_row_share"])
+        add(
+            f"the same on SB3's count (trustrl's reset rows left out) >= {goal:g}x",
+            fmt_ratio(a) + ("" if share is None else f" (reset rows {100 * share:.1f}%)"),
+            at_least(a, goal),
+        )
     elif case_id == 6:
         sps = med_of(m, "sps", "trustrl")
         add(">= 200,000 SPS", fmt(sps, 0), at_least(sps, 200_000))
@@ -360,6 +414,78 @@ def targets_table(results: dict[int, dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
+def mib(nbytes: float | None) -> str:
+    return "n/a" if nbytes is None else f"{nbytes / 2**20:,.1f} MiB"
+
+
+def split_table(results: dict[int, dict[str, Any]]) -> list[list[str]] | None:
+    """The pixel cases' time split (median seconds over pairs, the share of the training
+    loop, and the peer's time over trustrl's per part) and rollout memory; None where no
+    case has them."""
+    header = [
+        "case",
+        "part",
+        "trustrl s (share)",
+        "SB3 s (share)",
+        "SB3 / trustrl per pair",
+        "median",
+    ]
+    rows = [header]
+    for case_id, entry in results.items():
+        m = entry["summary"]
+        if "split" not in m:
+            continue
+        totals = {
+            side: sum(median(v) or 0.0 for v in m["split"][side].values())
+            for side in ("trustrl", "sb3")
+        }
+        for part in ("env", "acting", "update", "other"):
+            cells = []
+            for side in ("trustrl", "sb3"):
+                t = median(m["split"][side][part])
+                share = (
+                    f" ({100 * t / totals[side]:.0f}%)" if t is not None and totals[side] else ""
+                )
+                cells.append(fmt(t, 1) + share)
+            per_pair = m["split_ratio"][part]
+            rows.append(
+                [
+                    str(case_id),
+                    part,
+                    *cells,
+                    fmt_list(per_pair, 2, "x"),
+                    fmt_ratio(median(per_pair)),
+                ]
+            )
+        memory = m.get("rollout_memory") or {}
+        if memory:
+            cells = []
+            for side, obs_key in (("trustrl", "obs"), ("sb3", "observations")):
+                mem = memory.get(side)
+                if not mem:
+                    cells.append("n/a")
+                    continue
+                obs = mem["arrays"].get(obs_key, {})
+                cells.append(
+                    f"{mib(obs.get('bytes'))} {obs.get('dtype', '?')} "
+                    f"(all arrays {mib(mem['total_bytes'])})"
+                )
+            rows.append([str(case_id), "rollout observations", *cells, "", ""])
+        params = m.get("policy_params") or {}
+        if params:
+            rows.append(
+                [
+                    str(case_id),
+                    "policy parameters",
+                    fmt(params.get("trustrl")),
+                    fmt(params.get("sb3")),
+                    "",
+                    "",
+                ]
+            )
+    return rows if len(rows) > 1 else None
+
+
 def details_table(results: dict[int, dict[str, Any]]) -> list[list[str]]:
     rows = [["case", "pair", "side", "env steps", "train s", "SPS", "peak RSS MiB", "other"]]
     for case_id, entry in results.items():
@@ -378,6 +504,14 @@ def details_table(results: dict[int, dict[str, Any]]) -> list[list[str]]:
                 other.append("475 not reached")
             if "collect_sps" in r:
                 other.append(f"collection {r['collect_sps']:,.0f} SPS")
+            if "split" in r:
+                sp = r["split"]
+                other.append(
+                    f"env {sp['env']:.1f} s, acting {sp['acting']:.1f} s, "
+                    f"update {sp['update']:.1f} s, other {sp['other']:.1f} s"
+                )
+            if "reset_row_share" in r:
+                other.append(f"reset rows {100 * r['reset_row_share']:.1f}%")
             if "eval" in r:
                 other.append(f"eval {r['eval']['mean_return']:.1f}")
             if r.get("solved"):
@@ -452,6 +586,17 @@ def settings_line(s: dict[str, Any]) -> str:
             )
         ]
         keys += ["max_kl", "cg_iters", "cg_damping", "vf_lr", "train_vf_iters"]
+    if s.get("cnn"):
+        keys += [
+            "cnn",
+            "share_encoder",
+            "hidden_sizes",
+            "activation",
+            "env_kwargs",
+            "frame_stack",
+            "episodic_life",
+            "clip_reward",
+        ]
     return ", ".join(f"{k}={s[k]}" for k in keys)
 
 
@@ -491,6 +636,21 @@ def markdown(data: dict[str, Any], results: dict[int, dict[str, Any]]) -> str:
         "",
         markdown_table(targets_table(results)),
         "",
+    ]
+    split = split_table(results)
+    if split:
+        lines += [
+            "## Pixels: where the time goes, rollout memory",
+            "",
+            "Seconds of the training loop (medians over pairs): env stepping (inside the vector "
+            "env's step), acting (the rest of rollout collection), update (trustrl's includes "
+            "its GAE, SB3's acting its), other (logging, checkpoints, snapshots); the rollout's "
+            "arrays as allocated (trustrl's obs rows are the frames flattened).",
+            "",
+            markdown_table(split),
+            "",
+        ]
+    lines += [
         "## Settings",
         "",
     ]
@@ -528,6 +688,9 @@ def write(json_path: Path, data: dict[str, Any], results: dict[int, dict[str, An
     the same name (``benchmarks.json`` -> ``benchmarks.md``)."""
     print("\n" + text_table(main_table(results)))
     print("\n" + text_table(targets_table(results)))
+    split = split_table(results)
+    if split:
+        print("\n" + text_table(split))
     json_path.parent.mkdir(parents=True, exist_ok=True)
     md_path = json_path.with_suffix(".md")
     json_path.write_text(json.dumps(data, indent=1, default=str) + "\n")
@@ -622,6 +785,12 @@ def main() -> None:
                             extra = f", 475 after {result['threshold']['wall_time']:.1f} s"
                         if result.get("solved"):
                             extra = f", solved {result['solved']['process_time']:.2f} s"
+                        if result.get("split"):
+                            sp = result["split"]
+                            extra = (
+                                f", env {sp['env']:.1f} s, acting {sp['acting']:.1f} s, "
+                                f"update {sp['update']:.1f} s"
+                            )
                         print(
                             f"  pair {pair} {side:12s} {result['sps']:>12,.0f} SPS"
                             f"  {result['peak_rss_mib']:7.0f} MiB{extra}",

@@ -112,7 +112,58 @@ def run_summary(
     if case.get("time_collection") and timing["collect_time"] > 0:
         out["collect_time"] = timing["collect_time"]
         out["collect_sps"] = env_steps / timing["collect_time"]
+    if case.get("time_split"):
+        out["split"] = time_split(out["train_time"], timing)
     return out
+
+
+def time_split(train_time: float, timing: dict[str, Any]) -> dict[str, float]:
+    """The training loop's time in seconds: env stepping (inside the vector env's ``step``),
+    acting (the rest of rollout collection: the policy's forward pass, sampling, storing
+    the rows, and for SB3 its GAE sweep), update (for trustrl its GAE too) and other (the
+    rest of the loop: logging, checkpoints, snapshots)."""
+    collect, env = timing["collect_time"], timing["env_time"]
+    update = timing["update_time"]
+    return {
+        "env": env,
+        "acting": collect - env,
+        "update": update,
+        "other": train_time - collect - update,
+        "collect": collect,
+        "env_calls": timing["env_calls"],
+    }
+
+
+def timed(method: Any, timing: dict[str, Any], key: str, calls: str | None = None) -> Any:
+    """``method`` wrapped to add its wall time to ``timing[key]`` (and count its calls)."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            timing[key] += time.perf_counter() - t
+            if calls is not None:
+                timing[calls] += 1
+
+    return wrapper
+
+
+def array_bytes(arrays: dict[str, Any]) -> dict[str, Any]:
+    """Each numpy array's bytes, dtype and shape, and their total, from ``name: value``
+    (values that are not arrays are left out)."""
+    import numpy as np
+
+    entries = {
+        name: {"bytes": int(a.nbytes), "dtype": str(a.dtype), "shape": list(a.shape)}
+        for name, a in arrays.items()
+        if isinstance(a, np.ndarray)
+    }
+    return {"arrays": entries, "total_bytes": sum(e["bytes"] for e in entries.values())}
+
+
+def parameter_count(module: Any) -> int:
+    return sum(p.numel() for p in module.parameters())
 
 
 def deterministic_eval(act: Any, env_id: str, episodes: int, seed: int) -> dict[str, Any]:
@@ -158,8 +209,18 @@ def run_trustrl(job: dict[str, Any]) -> dict[str, Any]:
         build_start = time.monotonic()
         trainer = Trainer(config)
         recent = RecentReturns(case.get("threshold"), build_start)
-        timing: dict[str, Any] = {"collect_time": 0.0, "collect_steps": 0, "iterations": 0}
+        timing: dict[str, Any] = {
+            "collect_time": 0.0,
+            "collect_steps": 0,
+            "iterations": 0,
+            "env_time": 0.0,
+            "env_calls": 0,
+            "update_time": 0.0,
+            "rows": 0,
+            "valid_rows": 0,
+        }
         original_collect = trainer.collector.collect
+        memory: dict[str, Any] = {}
 
         class Reached(Exception):
             pass
@@ -172,6 +233,13 @@ def run_trustrl(job: dict[str, Any]) -> dict[str, Any]:
             timing["collect_time"] += time.perf_counter() - t
             timing["collect_steps"] += steps_per_collect
             timing["iterations"] += 1
+            for group in stats.groups:  # reset rows (NEXT_STEP autoreset) are not valid
+                timing["rows"] += int(group.valid.size)
+                timing["valid_rows"] += int(group.valid.sum())
+            if case.get("rollout_memory") and not memory:
+                # The rollout as the collector hands it over; the learner's Rollout wraps
+                # these arrays without a copy (learner/rollout.py, Rollout.from_batch).
+                memory.update(array_bytes(vars(stats.groups[0])))
             recent.returns.extend(stats.episodes.returns)  # a RolloutBatch
             if recent.end_of_rollout(timing["collect_steps"]):
                 raise Reached
@@ -197,6 +265,13 @@ def run_trustrl(job: dict[str, Any]) -> dict[str, Any]:
 
             trainer.evaluate = evaluate
 
+        if case.get("time_split"):
+            # Env stepping: the Gymnasium vector env's step (the collector's rows call it);
+            # update: the trainer's _update (GAE and the PPO epochs). Instance attributes.
+            envs = trainer.collector.envs
+            envs.step = timed(envs.step, timing, "env_time", "env_calls")
+            trainer._update = timed(trainer._update, timing, "update_time")  # type: ignore[method-assign]
+
         workers: dict[str, float] = {}
         count_workers(trainer, workers)
 
@@ -219,6 +294,14 @@ def run_trustrl(job: dict[str, Any]) -> dict[str, Any]:
             collect_wrapped=timing["iterations"] > 0,
             trustrl_module=trustrl.__file__,
         )
+        if case.get("time_split"):
+            out["reset_row_share"] = 1.0 - timing["valid_rows"] / max(timing["rows"], 1)
+            out["policy_params"] = parameter_count(trainer.policy)
+            out["encoders"] = [
+                m.describe() for m in trainer.policy.modules() if type(m).__name__ == "ConvEncoder"
+            ]
+        if memory:
+            out["rollout_memory"] = memory
         if case.get("eval_episodes"):
             policy = trainer.policy
             out["eval"] = deterministic_eval(
@@ -238,6 +321,105 @@ def run_trustrl(job: dict[str, Any]) -> dict[str, Any]:
 # Stable-Baselines3 / sb3-contrib.
 
 
+def sb3_vec_env(s: dict[str, Any], setup: dict[str, Any], seed: int) -> Any:
+    """The SB3 side's env stack, as ``model.learn`` steps it: ``make_vec_env`` (DummyVecEnv,
+    Monitor per env), for ALE ids ``make_atari_env`` (AtariWrapper) and VecFrameStack;
+    VecTransposeImage where SB3 would add it itself (channels-last uint8 frames);
+    VecNormalize where the case normalizes."""
+    import gymnasium as gym
+    from stable_baselines3.common.env_util import make_atari_env, make_vec_env
+    from stable_baselines3.common.preprocessing import (
+        is_image_space,
+        is_image_space_channels_first,
+    )
+    from stable_baselines3.common.vec_env import (
+        DummyVecEnv,
+        VecFrameStack,
+        VecNormalize,
+        VecTransposeImage,
+    )
+
+    env_id = s["env_id"]
+    if env_id.startswith("ALE/"):
+        import ale_py
+
+        gym.register_envs(ale_py)
+    elif env_id.startswith("MinAtar/") and env_id not in gym.registry:
+        from minatar.gym import register_envs
+
+        register_envs()
+    spec = setup.get("env") or {"atari": False, "env_kwargs": {}}
+    if spec["atari"]:
+        env = make_atari_env(
+            env_id,
+            n_envs=s["num_envs"],
+            seed=seed,
+            vec_env_cls=DummyVecEnv,
+            env_kwargs=spec["env_kwargs"],
+            wrapper_kwargs=spec["wrapper_kwargs"],
+        )
+        env = VecFrameStack(env, n_stack=spec["frame_stack"])
+    else:
+        env = make_vec_env(
+            env_id,
+            n_envs=s["num_envs"],
+            seed=seed,
+            vec_env_cls=DummyVecEnv,
+            env_kwargs=spec["env_kwargs"] or None,
+        )
+    space = env.observation_space
+    if is_image_space(space) and not is_image_space_channels_first(space):
+        env = VecTransposeImage(env)  # what PPO's _wrap_env would add
+    if setup["vec_normalize"]:
+        env = VecNormalize(env, **setup["vec_normalize"])
+    return env
+
+
+def sb3_extractors() -> dict[str, Any]:
+    """Custom SB3 features extractors by the name ``cases.sb3_setup`` gives them."""
+    import torch
+    from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+    from torch import nn
+
+    class MinAtarCNN(BaseFeaturesExtractor):  # type: ignore[misc]
+        """trustrl's default encoder for grids under 36 cells a side (MinAtar's network,
+        trustrl/acting/conv.py MINATAR_LAYERS, learner/cnn.py ConvEncoder): one conv of 16
+        3x3 filters, stride 1, no padding, ReLU, then a linear layer to ``features_dim``
+        units, ReLU. Takes (B, H, W, C) grids channels last (MinAtar's), already cast to
+        float by SB3's preprocess_obs (bool grids: no scaling, normalize_images=False);
+        SB3's ortho_init gives both layers orthogonal weights with gain sqrt(2) and zero
+        biases, as ConvEncoder does."""
+
+        def __init__(self, observation_space: Any, features_dim: int = 128) -> None:
+            super().__init__(observation_space, features_dim)
+            height, width, channels = observation_space.shape
+            self.conv = nn.Conv2d(channels, 16, kernel_size=3, stride=1)
+            self.linear = nn.Linear(16 * (height - 2) * (width - 2), features_dim)
+
+        def forward(self, observations: torch.Tensor) -> torch.Tensor:
+            x = observations.float().permute(0, 3, 1, 2)
+            x = torch.relu(self.conv(x))
+            return torch.relu(self.linear(x.flatten(1)))
+
+    return {"minatar": MinAtarCNN}
+
+
+def sb3_rollout_memory(buffer: Any) -> dict[str, Any]:
+    """The RolloutBuffer's arrays (as allocated by its reset; ``get`` flattens them in
+    place during the update)."""
+    names = (
+        "observations",
+        "actions",
+        "rewards",
+        "returns",
+        "episode_starts",
+        "values",
+        "log_probs",
+        "advantages",
+    )
+    return array_bytes({name: getattr(buffer, name, None) for name in names})
+
+
 def run_sb3(job: dict[str, Any]) -> dict[str, Any]:
     case = cases.CASES[job["case"]]
     s = cases.settings(job["case"], job["quick"])
@@ -246,8 +428,7 @@ def run_sb3(job: dict[str, Any]) -> dict[str, Any]:
 
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+    from stable_baselines3.common.vec_env import VecNormalize
 
     Algo: Any
     if setup["algo"] == "PPO":  # sb3-contrib only where it is the peer (peak RSS)
@@ -264,17 +445,24 @@ def run_sb3(job: dict[str, Any]) -> dict[str, Any]:
     policy_kwargs["activation_fn"] = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[
         policy_kwargs["activation_fn"]
     ]
+    if "features_extractor_class" in policy_kwargs:
+        extractor = policy_kwargs["features_extractor_class"]
+        policy_kwargs["features_extractor_class"] = sb3_extractors()[extractor]
     if s["backend"] != "sync":
         raise ValueError(f"the SB3 side runs DummyVecEnv (sync) only, not {s['backend']}")
 
     build_start = time.monotonic()
-    env = make_vec_env(s["env_id"], n_envs=s["num_envs"], seed=seed, vec_env_cls=DummyVecEnv)
-    if setup["vec_normalize"]:
-        env = VecNormalize(env, **setup["vec_normalize"])
-    model = Algo("MlpPolicy", env, policy_kwargs=policy_kwargs, **kwargs)
+    env = sb3_vec_env(s, setup, seed)
+    model = Algo(setup.get("policy", "MlpPolicy"), env, policy_kwargs=policy_kwargs, **kwargs)
 
     recent = RecentReturns(case.get("threshold"), build_start)
-    timing = {"collect_time": 0.0, "iterations": 0}
+    timing = {
+        "collect_time": 0.0,
+        "iterations": 0,
+        "env_time": 0.0,
+        "env_calls": 0,
+        "update_time": 0.0,
+    }
 
     class Episodes(BaseCallback):
         """Reads Monitor's episode entries; stops training once the threshold is met."""
@@ -304,6 +492,12 @@ def run_sb3(job: dict[str, Any]) -> dict[str, Any]:
 
     # An instance attribute: benchmark-only wrapping.
     model.collect_rollouts = collect_rollouts  # type: ignore[method-assign]
+    if case.get("time_split"):
+        # Env stepping: the outermost VecEnv's step (step_async + step_wait: DummyVecEnv,
+        # Monitor, the wrappers, frame stacking and transposition), which collect_rollouts
+        # calls; update: train().
+        model.env.step = timed(model.env.step, timing, "env_time", "env_calls")
+        model.train = timed(model.train, timing, "update_time")  # type: ignore[method-assign]
 
     train_start = time.monotonic()
     model.learn(total_timesteps=s["total_steps"], callback=Episodes())
@@ -313,6 +507,11 @@ def run_sb3(job: dict[str, Any]) -> dict[str, Any]:
         case, env_steps, (imported, build_start, train_start, train_end), timing, recent
     )
     out["stopped_early"] = recent.reached_at is not None and env_steps < s["total_steps"]
+    if case.get("time_split"):
+        out["policy_params"] = parameter_count(model.policy)
+        out["policy"] = setup.get("policy")
+    if case.get("rollout_memory"):
+        out["rollout_memory"] = sb3_rollout_memory(model.rollout_buffer)
     if case.get("eval_episodes"):
         import numpy as np
 
@@ -356,7 +555,14 @@ def run_ceiling(job: dict[str, Any]) -> dict[str, Any]:
     s = cases.settings(job["case"], job["quick"])
     from trustrl.envs.gym import make_vec_env
 
-    envs = make_vec_env(s["env_id"], s["num_envs"], s["backend"])
+    envs = make_vec_env(
+        s["env_id"],
+        s["num_envs"],
+        s["backend"],
+        s["env_kwargs"],
+        frame_stack=s["frame_stack"],
+        episodic_life=s["episodic_life"],
+    )
     envs.reset(seed=job["seed"])
     envs.action_space.seed(job["seed"])
     actions = [envs.action_space.sample() for _ in range(1000)]
@@ -367,15 +573,11 @@ def run_ceiling(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_ceiling_sb3(job: dict[str, Any]) -> dict[str, Any]:
-    """Random actions through the SB3 side's env stack (DummyVecEnv, Monitor, VecNormalize)."""
+    """Random actions through the SB3 side's env stack (DummyVecEnv, Monitor, VecNormalize;
+    for ALE ids AtariWrapper, VecFrameStack and VecTransposeImage)."""
     s = cases.settings(job["case"], job["quick"])
     setup = cases.sb3_setup(s, job["seed"])
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
-
-    env = make_vec_env(s["env_id"], n_envs=s["num_envs"], seed=job["seed"], vec_env_cls=DummyVecEnv)
-    if setup["vec_normalize"]:
-        env = VecNormalize(env, **setup["vec_normalize"])
+    env = sb3_vec_env(s, setup, job["seed"])
     env.reset()
     import numpy as np
 
@@ -387,9 +589,18 @@ def run_ceiling_sb3(job: dict[str, Any]) -> dict[str, Any]:
         return env.step(action)
 
     out = _time_steps(step, actions, s["num_envs"], s["total_steps"])
-    out["env"] = "DummyVecEnv" + ("+VecNormalize" if setup["vec_normalize"] else "")
+    out["env"] = "+".join(_vec_env_names(env))
     env.close()
     return out
+
+
+def _vec_env_names(env: Any) -> list[str]:
+    """The VecEnv stack, innermost first (DummyVecEnv+VecFrameStack+VecTransposeImage)."""
+    names = []
+    while env is not None:
+        names.append(type(env).__name__)
+        env = getattr(env, "venv", None)
+    return names[::-1]
 
 
 SIDES = {
