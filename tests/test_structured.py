@@ -303,6 +303,20 @@ def test_a_rollout_keeps_frames_as_bytes() -> None:
     collector.close()
 
 
+def test_a_shared_encoder_values_each_step_as_it_acts() -> None:
+    envs = gym.vector.SyncVectorEnv(
+        [functools.partial(E.DotEnv, "dict")] * 3,
+        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
+    )
+    collector = Collector(envs, seed=0, gamma=0.99)
+    policy = Policy(collector.spec, PolicyConfig(share_encoder=True), normalize_obs=True)
+    rollout, _ = collect(collector, policy, 12)
+    inference = Inference(GroupSnapshot.of(policy))
+    batch = inference.value(rollout.obs.reshape(36, -1).numpy()).reshape(12, 3)
+    np.testing.assert_allclose(rollout.values.numpy(), batch, atol=1e-5)
+    collector.close()
+
+
 class _Lives(gym.Env):
     """Reward 3 a step; a life lost every 3 steps (terminated, ``game_over`` False) and the
     game over at the third."""
@@ -412,3 +426,23 @@ def test_frozen_lake_and_a_dict_policy_act_from_raw_observations(tmp_path: Path)
     action = policy.act(0)  # the env's own observation: a state index
     assert action in range(4)
     assert policy.act(np.array([0, 5])).shape == (2,)
+
+
+def test_the_goal_reach_example_is_a_valid_env_and_trains(tmp_path: Path) -> None:
+    from gymnasium.utils.env_checker import check_env
+
+    from examples.goal_reach import GoalReach, success_rate
+
+    check_env(GoalReach(), skip_render_check=True)
+    config = trustrl.resolve(
+        "examples.goal_reach:GoalReach",
+        overrides={
+            "total_steps": 2048,
+            "run_dir": str(tmp_path / "goal"),
+            "quiet": True,
+            "eval_episodes": 1,
+            "env": {"num_envs": 4, "normalize_obs": True},
+        },
+    )
+    policy = trustrl.Trainer(config).train()
+    assert 0.0 <= success_rate(policy, episodes=2, seed=0) <= 1.0

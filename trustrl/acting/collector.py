@@ -113,6 +113,9 @@ class _Acting:
         self.agent = agent
         self.noise = inference.noise(rng, num_steps, agent)  # (T, rows, width)
         self.out = np.empty_like(self.noise)  # (T, rows, width) head outputs
+        # A shared encoder gives each step's values with its actions (act_valued): the
+        # rollout's are kept here instead of running the encoder over it again.
+        self.values = np.empty(self.noise.shape[:2], np.float32) if inference.shared else None
 
     def finish(self, view: dict[str, np.ndarray]) -> None:
         """The rollout's log-probabilities and values, from what the steps stored."""
@@ -129,6 +132,9 @@ class _Acting:
             agent,
         )
         view["logprob"][:] = logprob.reshape(steps, rows)
+        if self.values is not None:
+            view["values"][:] = self.values
+            return
         values = inference.value(
             view["obs"].reshape(steps * rows, -1),
             critic.reshape(steps * rows, -1) if critic is not None else None,
@@ -400,7 +406,12 @@ class Collector(Runner):
         )
         critic_row = view["critic_obs"][t] if "critic_obs" in view else None
         x, _ = self._inputs(lane, inference, train, view["obs"][t], critic_row)
-        actions, acting.out[t] = inference.act(x, lane.mask, acting.noise[t], lane.agent)
+        if acting.values is not None:
+            actions, acting.out[t], acting.values[t] = inference.act_valued(
+                x, lane.mask, acting.noise[t], lane.agent
+            )
+        else:
+            actions, acting.out[t] = inference.act(x, lane.mask, acting.noise[t], lane.agent)
         view["actions"][t] = actions
         if lane.alive is not None:  # rows of agents still playing; _settle does the rest
             view["valid"][t] = lane.alive

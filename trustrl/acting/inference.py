@@ -127,6 +127,20 @@ class Inference:
         out = self._head_out(x, agent)
         return self.head.act(out, mask, noise, agent), out
 
+    def act_valued(
+        self,
+        x: np.ndarray,
+        mask: np.ndarray | None,
+        noise: np.ndarray,
+        agent: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``act`` and the rows' values from one pass of a shared encoder
+        (``policy.share_encoder``): (actions, head outputs, values in return units)."""
+        features = self.actor(x if self.per_agent else self._with_id(x, agent), agent)
+        out = self.head_linear(features, agent)
+        values = self._return_units(self.value_linear(features)[:, 0])
+        return self.head.act(out, mask, noise, agent), out, values
+
     def mode(
         self, x: np.ndarray, mask: np.ndarray | None, agent: np.ndarray | None = None
     ) -> np.ndarray:
@@ -182,7 +196,9 @@ class Inference:
         self, x: np.ndarray, critic_x: np.ndarray | None = None, agent: np.ndarray | None = None
     ) -> np.ndarray:
         """``Policy.value``: the critic's output in return units."""
-        raw = self._raw_value(x, critic_x, agent)
+        return self._return_units(self._raw_value(x, critic_x, agent))
+
+    def _return_units(self, raw: np.ndarray) -> np.ndarray:
         if self.value_scale is None:
             return raw
         std, mean = self.value_scale
