@@ -1,0 +1,71 @@
+"""Time the image encoder's update step: ConvEncoder's forward and backward over one
+minibatch, as it runs (channels-last memory) against the same layers in NCHW, interleaved.
+
+    .venv/bin/python benchmarks/conv_update.py                 # Atari: 256 frames (4, 84, 84)
+    .venv/bin/python benchmarks/conv_update.py --minatar       # 256 grids (10, 10, 4)
+
+One torch thread; blocks of calls alternate between the two, and the table gives the
+median of the blocks in milliseconds per step and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from trustrl.learner.cnn import ConvEncoder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minatar", action="store_true")
+    parser.add_argument("--blocks", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    if args.minatar:
+        shape, last, layers = (10, 10, 4), True, {"channels": (16,), "kernels": (3,),
+                                                   "strides": (1,), "linear": 128}  # fmt: skip
+        frames = (torch.rand(256, *shape) < 0.1).to(torch.uint8)
+    else:
+        shape, last, layers = (4, 84, 84), False, {}
+        frames = torch.randint(0, 256, (256, *shape), dtype=torch.uint8)
+    encoder = ConvEncoder(shape, last, scale=1 / 255, **layers)
+
+    def nchw(x: Tensor) -> Tensor:  # the same layers, NCHW throughout
+        y = x.to(torch.float32) * encoder.scale
+        y = y.permute(0, 3, 1, 2) if last else y
+        for conv in encoder.convs:
+            y = torch.relu(conv(y))
+        return torch.relu(encoder.linear(y.flatten(1)))
+
+    ways: dict[str, Callable[[Tensor], Tensor]] = {"channels-last (as run)": encoder, "NCHW": nchw}
+    times: dict[str, list[float]] = {name: [] for name in ways}
+
+    def step(way: Callable[[Tensor], Tensor]) -> None:
+        for p in encoder.parameters():
+            p.grad = None
+        way(frames).sum().backward()
+
+    for way in ways.values():
+        step(way)
+    for _ in range(args.blocks):
+        for name, way in ways.items():
+            start = time.perf_counter()
+            for _ in range(args.calls):
+                step(way)
+            times[name].append((time.perf_counter() - start) / args.calls * 1e3)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    for name, value in medians.items():
+        print(f"{name:24s} {value:8.1f} ms")
+    print(f"NCHW / channels-last     {medians['NCHW'] / medians['channels-last (as run)']:8.2f}x")
+
+
+if __name__ == "__main__":
+    main()
