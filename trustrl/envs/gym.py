@@ -390,9 +390,7 @@ def make_row_env(config: Any) -> RowEnv:
             frame_stack=config.env.frame_stack,
             episodic_life=config.env.episodic_life,
         )
-        return GymRows(
-            envs, config.env_id, drop_nonfinite=drop, image_keys=config.env.image_keys
-        )
+        return GymRows(envs, config.env_id, drop_nonfinite=drop, image_keys=config.env.image_keys)
 
 
 @contextlib.contextmanager
