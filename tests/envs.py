@@ -396,3 +396,22 @@ class DotEnv(gym.Env):
 
     def render(self) -> np.ndarray:
         return np.repeat(self._grid()[:, :, None] * 255, 3, -1)
+
+
+class TextEnv(gym.Env):
+    """A Text observation, which trustrl does not take."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(self) -> None:
+        self.observation_space = spaces.Text(8)
+        self.action_space = spaces.Discrete(2)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        return "hello", {}
+
+    def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        return "hello", 0.0, False, False, {}

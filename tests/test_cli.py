@@ -304,10 +304,11 @@ def test_top_level_usage(capsys) -> None:
 
 def test_unsupported_env_spaces_are_a_clear_error(tmp_path: Path, capsys) -> None:
     code, _, err = run_cli(
-        ["train", "FrozenLake-v1", "--quiet", "--run-dir", str(tmp_path / "r")], capsys
+        ["train", "tests.envs:TextEnv", "--quiet", "--run-dir", str(tmp_path / "r")], capsys
     )
     assert code == 2
-    assert err.startswith("trustrl: error: ") and "observation space must be a Box" in err
+    assert err.startswith("trustrl: error: ") and "the observation is Text" in err
+    assert "trustrl takes a Box (vectors and images), Discrete, MultiDiscrete" in err
 
 
 # Issue 19: what a new user runs into.

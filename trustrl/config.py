@@ -619,7 +619,8 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
     if hints is None:
         hints = _HINTS[cls] = get_type_hints(cls)
     hint = hints.get(name)
-    if get_origin(hint) is tuple:
+    options = get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
+    if any(get_origin(option) is tuple for option in options):
         return tuple(value)
     return value
 
