@@ -28,6 +28,7 @@ Algo = Literal["ppo", "trpo"]
 ActorMode = Literal["shared", "per_agent"]
 CriticInput = Literal["global", "agent_state", "agent_centric", "local"]
 NonFinite = Literal["error", "drop"]
+MemoryKind = Literal["none", "lstm", "gru"]
 ActionKind = Literal["discrete", "multidiscrete", "box"]
 
 
@@ -212,10 +213,13 @@ class RolloutConfig:
     """Discount factor."""
     gae_lambda: float = 0.95
     """GAE lambda: 0 is one-step TD, 1 is Monte Carlo."""
+    sequence_length: int = 16
+    """Recurrent policies (policy.memory): the longest sequence chunk the update trains on (RLlib's max_seq_len, MAPPO's data_chunk_length). A row's rollout is cut into chunks at every episode start and every sequence_length steps; each chunk starts from the hidden state it was acted with. At most rollout.num_steps; no effect without memory."""
 
     def __post_init__(self) -> None:
         _check_types(self, "rollout.")
         _check_int("rollout.num_steps", self.num_steps, 1)
+        _check_int("rollout.sequence_length", self.sequence_length, 1)
         _check_unit("rollout.gamma", self.gamma, closed=True)
         _check_unit("rollout.gae_lambda", self.gae_lambda, closed=True)
 
@@ -243,7 +247,11 @@ class PolicyConfig:
     cnn_linear: int = 0
     """Width of the linear layer after the convolutions (ReLU); 0: the default (512 for the Nature CNN, 128 for small grids)."""
     share_encoder: bool = False
-    """The critic's value layer reads the actor's encoder features (one encoder, trained by both losses, run once per minibatch), as CleanRL's ppo_atari and SB3's CnnPolicy do; halves the convolutions of an image policy. PPO with one optimizer only (not TRPO, not pi_lr/vf_lr)."""
+    """The critic's value layer reads the actor's encoder features (one encoder, trained by both losses, run once per minibatch), as CleanRL's ppo_atari and SB3's CnnPolicy do; halves the convolutions of an image policy. PPO with one optimizer only (not TRPO, not pi_lr/vf_lr). With memory, the critic reads the actor's memory core too."""
+    memory: MemoryKind = "none"
+    """A recurrent core between the encoder and the heads: none, lstm or gru (one layer of memory_size units). The actor and the critic each have their own (one shared with share_encoder). Trained on sequence chunks of rollout.sequence_length steps; the hidden state is reset at every episode's start."""
+    memory_size: int = 64
+    """Hidden units of the memory core (policy.memory)."""
 
     def __post_init__(self) -> None:
         _check_types(self, "policy.")
@@ -269,6 +277,7 @@ class PolicyConfig:
             f"policy.cnn_linear must be a non-negative integer (0: the default), got "
             f"{self.cnn_linear!r}",
         )
+        _check_int("policy.memory_size", self.memory_size, 1)
         _require(
             _is_number(self.log_std_init) and -20 <= self.log_std_init <= 2,
             f"policy.log_std_init must be in [-20, 2], got {self.log_std_init!r}",
@@ -593,6 +602,13 @@ class Config:
             _require(
                 _is_number(self.target_return),
                 f"target_return must be a finite number, got {self.target_return!r}",
+            )
+        if self.policy.memory != "none":
+            _require(
+                self.rollout.sequence_length <= self.rollout.num_steps,
+                f"rollout.sequence_length must be <= rollout.num_steps "
+                f"({self.rollout.num_steps}) with policy.memory = {self.policy.memory!r}, "
+                f"got {self.rollout.sequence_length}",
             )
         # The algorithm's section is the one of its name (as the update registry reads it).
         algorithm: PPOConfig | TRPOConfig = getattr(self, self.algo)

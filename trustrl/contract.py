@@ -89,7 +89,7 @@ class EpisodeStats:
 # The (T, rows, ...) arrays of a group's batch, by name; rows = envs x agents of the group.
 ROW_ARRAYS = (
     *("obs", "critic_obs", "actions", "logprob", "values", "rewards"),
-    *("terminated", "truncated", "valid", "action_mask"),
+    *("terminated", "truncated", "valid", "action_mask", "starts"),
 )
 
 
@@ -110,6 +110,11 @@ class GroupBatch:
     last_value: np.ndarray  # (R,) float32, V of the observation after the last step
     obs_delta: RunningStats | None  # the raw observations seen (None: not normalized)
     critic_delta: RunningStats | None  # the raw critic inputs seen
+    # Recurrent policies (policy.memory) only: (T, R) bool, the steps that start an episode
+    # (the state is reset before them), and (C, state_size) float32, the state each
+    # sequence chunk starts from, in acting/memory.py's ``chunk_layout`` order.
+    starts: np.ndarray | None = None
+    states: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,9 @@ def join(batches: Sequence[RolloutBatch], mixed: bool = False) -> RolloutBatch:
             arrays = [getattr(p, name) for p in parts]
             joined[name] = None if arrays[0] is None else np.concatenate(arrays, axis=1)
         joined["last_value"] = np.concatenate([p.last_value for p in parts])
+        # Chunks come row by row: the joined rows' chunks are each part's, in turn.
+        states = [p.states for p in parts]
+        joined["states"] = None if states[0] is None else np.concatenate(states)
         for name in ("obs_delta", "critic_delta"):
             deltas = [getattr(p, name) for p in parts]
             merged = deltas[0]

@@ -28,6 +28,7 @@ import gymnasium as gym
 import numpy as np
 
 from trustrl.acting.inference import Inference
+from trustrl.acting.memory import chunk_layout
 from trustrl.config import Config, ObsStats
 from trustrl.contract import EpisodeStats, GroupBatch, PolicySnapshot, RolloutBatch, Runner
 from trustrl.envs.gym import GymRows, make_row_env
@@ -46,6 +47,10 @@ class _Lane:
         self.episode_return = np.zeros(rows)  # raw reward so far
         self.episode_length = np.zeros(rows, dtype=np.int64)
         self.resetting = np.zeros(rows, dtype=bool)  # the next step of this row is a reset
+        # Recurrent policies: each row's state (sized at the first collect) and whether its
+        # next step starts an episode (its state is reset before it).
+        self.state = np.zeros((rows, 0), np.float32)
+        self.starting = np.ones(rows, dtype=bool)
         self.observe(observed)
 
     def observe(self, observed: GroupObs) -> None:
@@ -56,6 +61,8 @@ class _Lane:
 
     def clear(self) -> None:
         self.resetting[:] = False
+        self.starting[:] = True
+        self.state[:] = 0.0
         self.discounted_return[:] = 0.0
         self.episode_return[:] = 0.0
         self.episode_length[:] = 0
@@ -66,6 +73,8 @@ class _Lane:
             "episode_return": self.episode_return.copy(),
             "episode_length": self.episode_length.copy(),
             "resetting": self.resetting.copy(),
+            "state": self.state.copy(),
+            "starting": self.starting.copy(),
             "obs": self.obs.copy(),
             "mask": self.mask.copy() if self.mask is not None else None,
             "critic_obs": self.critic_obs.copy() if self.critic_obs is not None else None,
@@ -77,6 +86,9 @@ class _Lane:
         self.episode_return = state["episode_return"].copy()
         self.episode_length = state["episode_length"].copy()
         self.resetting = state["resetting"].copy()
+        if "state" in state:  # checkpoints from before recurrent policies have none
+            self.state = state["state"].copy()
+            self.starting = state["starting"].copy()
         self.observe(
             GroupObs(
                 state["obs"].copy(),
@@ -115,7 +127,13 @@ class _Acting:
         self.out = np.empty_like(self.noise)  # (T, rows, width) head outputs
         # A shared encoder gives each step's values with its actions (act_valued): the
         # rollout's are kept here instead of running the encoder over it again.
-        self.values = np.empty(self.noise.shape[:2], np.float32) if inference.shared else None
+        recurrent = inference.state_size > 0
+        self.values = (
+            np.empty(self.noise.shape[:2], np.float32) if inference.shared or recurrent else None
+        )
+        # A recurrent policy's state before each step, and the steps that start an episode.
+        self.states = np.empty((num_steps, len(agent), inference.state_size), np.float32)
+        self.starts = np.zeros((num_steps, len(agent)), bool)
 
     def finish(self, view: dict[str, np.ndarray]) -> None:
         """The rollout's log-probabilities and values, from what the steps stored."""
@@ -258,6 +276,11 @@ class _GroupRollout:
         lane.observe(observed)
         if step.dropped is not None:
             _drop(lane, raw, t, step.dropped)
+        # The step after a reset step starts an episode: step t was one where the row's
+        # episode ended at t - 1 (at t = 0: in the last rollout, or dropped just now).
+        lane.starting = (
+            lane.resetting.copy() if t == 0 else raw.terminated[t - 1] | raw.truncated[t - 1]
+        )
 
 
 class Collector(Runner):
@@ -278,6 +301,7 @@ class Collector(Runner):
         obs_stats: ObsStats = "rollout",
         name: str = "local",
         clip_reward: bool = False,
+        sequence_length: int = 16,
     ) -> None:
         self.rows: RowEnv = GymRows(envs) if isinstance(envs, gym.vector.VectorEnv) else envs
         self.num_envs = self.rows.num_envs
@@ -288,6 +312,7 @@ class Collector(Runner):
         self.rng = np.random.default_rng(seed)  # action sampling
         self.reward_scaler = MeanStd((), clip=reward_clip) if normalize_reward else None
         self.clip_reward = clip_reward
+        self.sequence_length = sequence_length  # recurrent policies' chunks
         observed = self.rows.reset(seed)
         self.groups = self.rows.groups
         self.lanes = [
@@ -357,10 +382,21 @@ class Collector(Runner):
         whole rollout, validity, episodes and rewards settled, the statistics delta, and
         the value of the observation after the last step."""
         lane, inference, view, record = rollout.lane, rollout.inference, rollout.view, rollout.seen
-        rollout.acting.finish(view)
+        acting = rollout.acting
+        acting.finish(view)
         self._settle(lane, view, rollout.raw, stats, train)
         x, critic_x = self._inputs(lane, inference, update=False)
         obs_delta, critic_delta = record.deltas() if record is not None else (None, None)
+        starts = states = None
+        if inference.state_size:
+            starts = acting.starts
+            rows, firsts, _ = chunk_layout(starts, self.sequence_length)
+            states = acting.states[firsts, rows]
+            # The bootstrap: the next step's state (zeros where an episode starts there).
+            state = np.where(lane.starting[:, None], np.float32(0.0), lane.state)
+            last_value = inference.value_recurrent(x, state)
+        else:
+            last_value = inference.value(x, critic_x, lane.agent)
         return GroupBatch(
             obs=view["obs"],
             critic_obs=view.get("critic_obs"),
@@ -372,9 +408,11 @@ class Collector(Runner):
             truncated=view["truncated"],
             valid=view["valid"],
             action_mask=view.get("action_mask"),
-            last_value=inference.value(x, critic_x, lane.agent).astype(np.float32),
+            last_value=last_value.astype(np.float32),
             obs_delta=obs_delta,
             critic_delta=critic_delta,
+            starts=starts,
+            states=states,
         )
 
     def _inputs(
@@ -406,7 +444,16 @@ class Collector(Runner):
         )
         critic_row = view["critic_obs"][t] if "critic_obs" in view else None
         x, _ = self._inputs(lane, inference, train, view["obs"][t], critic_row)
-        if acting.values is not None:
+        if inference.state_size:
+            if lane.state.shape[1] != inference.state_size:  # the first recurrent rollout
+                lane.state = np.zeros((len(lane.agent), inference.state_size), np.float32)
+            lane.state[lane.starting] = 0.0
+            acting.starts[t] = lane.starting
+            acting.states[t] = lane.state
+            actions, acting.out[t], acting.values[t], lane.state = inference.act_recurrent(
+                x, lane.mask, acting.noise[t], lane.state
+            )
+        elif acting.values is not None:
             actions, acting.out[t], acting.values[t] = inference.act_valued(
                 x, lane.mask, acting.noise[t], lane.agent
             )
@@ -555,4 +602,5 @@ def make_collector(config: Config, seed: int, num_envs: int, name: str = "local"
         obs_stats=config.env.obs_stats,
         name=name,
         clip_reward=config.env.clip_reward,
+        sequence_length=config.rollout.sequence_length,
     )

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trustrl.acting import kernels, parts
+from trustrl.acting.memory import NumpyCell
 from trustrl.contract import GroupSnapshot
 from trustrl.normalize import MeanStd
 
@@ -85,6 +86,19 @@ class Inference:
             else parts.encoder_twin(critic_entries, settings, weights, "critic.0.")
         )
         self.value_linear = kernels.Dense(weights["critic.1.weight"], weights["critic.1.bias"])
+        # The memory cores (policy.memory): the actor's, and the critic's own unless shared.
+        memory = settings.get("memory", "none")
+        self.actor_memory = (
+            NumpyCell(memory, weights, "actor_memory.rnn.") if memory != "none" else None
+        )
+        self.critic_memory = (
+            NumpyCell(memory, weights, "critic_memory.rnn.")
+            if memory != "none" and not self.shared
+            else None
+        )
+        self.state_size = sum(
+            m.state_size for m in (self.actor_memory, self.critic_memory) if m is not None
+        )
         log_std = weights.get("head.log_std")
         self.head = kernels.numpy_head(
             spec["action_kind"],
@@ -140,6 +154,41 @@ class Inference:
         out = self.head_linear(features, agent)
         values = self._return_units(self.value_linear(features)[:, 0])
         return self.head.act(out, mask, noise, agent), out, values
+
+    def act_recurrent(
+        self,
+        x: np.ndarray,
+        mask: np.ndarray | None,
+        noise: np.ndarray | None,
+        state: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """A recurrent policy's step (``policy.memory``) on normalized observations from
+        the rows' states (rows, state_size): (actions, head outputs, values in return
+        units, next states). ``noise`` None: the deterministic actions."""
+        actor_memory = self.actor_memory
+        assert actor_memory is not None
+        split = actor_memory.state_size
+        features, next_state = actor_memory(self.actor(x), state[:, :split])
+        out = self.head_linear(features)
+        if self.critic_memory is None:  # the value layer reads the actor's core
+            raw = self.value_linear(features)[:, 0]
+        else:
+            critic_features, critic_state = self.critic_memory(self.critic(x), state[:, split:])
+            raw = self.value_linear(critic_features)[:, 0]
+            next_state = np.concatenate([next_state, critic_state], 1)
+        actions = self.head.act(out, mask, noise, None)
+        return actions, out, self._return_units(raw), next_state
+
+    def value_recurrent(self, x: np.ndarray, state: np.ndarray) -> np.ndarray:
+        """A recurrent critic's values of normalized observations seen from ``state``."""
+        actor_memory = self.actor_memory
+        assert actor_memory is not None
+        split = actor_memory.state_size
+        if self.critic_memory is None:
+            features, _ = actor_memory(self.actor(x), state[:, :split])
+        else:
+            features, _ = self.critic_memory(self.critic(x), state[:, split:])
+        return self._return_units(self.value_linear(features)[:, 0])
 
     def mode(
         self, x: np.ndarray, mask: np.ndarray | None, agent: np.ndarray | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any, cast
 
@@ -25,6 +25,7 @@ from trustrl.envs.layout import Entry
 from trustrl.envs.rows import AgentGroup
 from trustrl.envs.spaces import SpaceSpec
 from trustrl.learner.cnn import ConvEncoder
+from trustrl.learner.memory import Memory, Sequences, memory_init
 from trustrl.learner.heads import (
     ActionHead,
     CategoricalHead,
@@ -285,6 +286,14 @@ class Policy(nn.Module):
         id_width = num_agents if agent_id else 0
         self.actor: nn.Module
         self.head: ActionHead
+        # The memory core (policy.memory): between each side's encoder and its output layer.
+        self.actor_memory: Memory | None = None
+        self.critic_memory: Memory | None = None
+        if config.memory != "none" and (per_agent or agent_id or critic_dim is not None):
+            raise ConfigError(
+                f"policy.memory = {config.memory!r}: multi-agent groups (per-agent actors, "
+                'agent ids, a global-state critic) take memory = "none" for now'
+            )
         if per_agent:
             self.actor = build_encoder(entries, spec.obs_dim, settings, num_agents)
             features: int = self.actor.out_features  # type: ignore[assignment]
@@ -292,6 +301,9 @@ class Policy(nn.Module):
         else:
             self.actor = build_encoder(entries, spec.obs_dim + id_width, settings, None)
             features = self.actor.out_features  # type: ignore[assignment]
+            if config.memory != "none":
+                self.actor_memory = Memory(config.memory, features, config.memory_size)
+                features = config.memory_size
             self.head = make_head(spec, features, config)  # type: ignore[assignment]
         critic_in = (critic_dim or spec.obs_dim) + id_width
         self.share_encoder = config.share_encoder
@@ -309,15 +321,43 @@ class Policy(nn.Module):
                 entries if critic_dim is None else (), critic_in, settings, None
             )
         critic_features = cast("int", critic_encoder.out_features)
+        if config.memory != "none" and not config.share_encoder:
+            self.critic_memory = Memory(config.memory, critic_features, config.memory_size)
+            critic_features = config.memory_size
         self.critic = nn.Sequential(critic_encoder, nn.Linear(critic_features, 1))
         if config.ortho_init:
             orthogonal_init(self.actor, math.sqrt(2))
             orthogonal_init(self.critic[0], math.sqrt(2))
+            for memory in (self.actor_memory, self.critic_memory):
+                if memory is not None:
+                    memory_init(memory)
             # A near-uniform initial policy keeps every action explorable.
             orthogonal_init(self.head.linear, 0.01)  # type: ignore[attr-defined]
             orthogonal_init(self.critic[1], 1.0)
 
     # The pieces the updates use.
+
+    @property
+    def state_size(self) -> int:
+        """Columns of a row's recurrent state: the actor memory's, then the critic's own
+        (0: no memory)."""
+        return sum(m.state_size for m in (self.actor_memory, self.critic_memory) if m)
+
+    def _remember(
+        self, memory: Memory, x: Tensor, sequences: Sequences | None, offset: int
+    ) -> tuple[Tensor, Tensor]:
+        """Rows (C * L, features), chunk by chunk (``Sequences``), through ``memory`` from
+        the chunks' states (their columns from ``offset``) -> (outputs (C * L, size),
+        final states (C, memory's state_size))."""
+        if sequences is None:
+            raise ValueError(
+                "this policy has memory (policy.memory): give the rows' sequences and states"
+            )
+        length = sequences.length
+        chunks = x.shape[0] // length
+        state = sequences.state[:, offset : offset + memory.state_size]
+        out, final = memory(x.reshape(chunks, length, -1).transpose(0, 1), state, sequences.resets)
+        return out.transpose(0, 1).reshape(chunks * length, -1), final
 
     def normalize(self, obs: Tensor) -> Tensor:
         return self.obs_normalizer(obs) if self.obs_normalizer is not None else obs
@@ -334,13 +374,20 @@ class Policy(nn.Module):
             raise ValueError("this policy appends agent ids: give the agent index of every row")
         return torch.cat([x, nn.functional.one_hot(agent, self.num_agents).to(x.dtype)], -1)
 
-    def features(self, obs: Tensor, agent: Tensor | None = None) -> Tensor:
-        """The actor's encoder output (with ``policy.share_encoder``, the critic's too)."""
+    def features(
+        self, obs: Tensor, agent: Tensor | None = None, sequences: Sequences | None = None
+    ) -> Tensor:
+        """The actor's encoder output, through its memory core where it has one (with
+        ``policy.share_encoder``, the critic's too). A recurrent policy's rows come in
+        ``sequences``: chunk by chunk, each chunk's steps in order."""
         if self.per_agent:
             if agent is None:
                 raise ValueError("per-agent actors need the agent index of every row")
             return self.actor(obs, agent)
-        return self.actor(self._with_id(obs, agent))
+        features = self.actor(self._with_id(obs, agent))
+        if self.actor_memory is not None:
+            features = self._remember(self.actor_memory, features, sequences, 0)[0]
+        return features
 
     def dist_params(
         self,
@@ -348,11 +395,12 @@ class Policy(nn.Module):
         mask: Tensor | None = None,
         agent: Tensor | None = None,
         features: Tensor | None = None,
+        sequences: Sequences | None = None,
     ) -> Tensor:
         """The action head's parameters; ``features`` given (``features(obs, agent)``,
         computed once for the actor and a shared critic), the encoder is not run again."""
         if features is None:
-            features = self.features(obs, agent)
+            features = self.features(obs, agent, sequences)
         if self.per_agent:
             return self.head.forward(features, mask, agent)
         return self.head.forward(features, mask)
@@ -363,41 +411,73 @@ class Policy(nn.Module):
         critic_obs: Tensor | None = None,
         agent: Tensor | None = None,
         features: Tensor | None = None,
+        sequences: Sequences | None = None,
     ) -> Tensor:
         """The critic's output (standardized when value normalization is on)."""
         if self.share_encoder:  # the value layer on the actor's features
             if features is None:
-                features = self.features(obs, agent)
+                features = self.features(obs, agent, sequences)
             return self.critic[1](features).squeeze(-1)
         x = critic_obs if critic_obs is not None else obs
-        return self.critic(self._with_id(x, agent)).squeeze(-1)
+        if self.critic_memory is None:
+            return self.critic(self._with_id(x, agent)).squeeze(-1)
+        offset = self.actor_memory.state_size if self.actor_memory is not None else 0
+        x, _ = self._remember(self.critic_memory, self.critic[0](x), sequences, offset)
+        return self.critic[1](x).squeeze(-1)
 
     def critic_value(
-        self, obs: Tensor, critic_obs: Tensor | None = None, agent: Tensor | None = None
+        self,
+        obs: Tensor,
+        critic_obs: Tensor | None = None,
+        agent: Tensor | None = None,
+        sequences: Sequences | None = None,
     ) -> Tensor:
         """The critic's value of normalized inputs, in reward units (``value`` is the same
         from raw observations)."""
-        raw = self.value_raw(obs, critic_obs, agent)
+        raw = self.value_raw(obs, critic_obs, agent, sequences=sequences)
         norm = self.value_normalizer
         if norm is None:
             return raw
         return raw * norm.var.sqrt().to(raw.dtype) + norm.mean.to(raw.dtype)
 
-    def value_targets(self, returns: Tensor, old_values: Tensor) -> tuple[Tensor, Tensor]:
+    def value_targets(
+        self, returns: Tensor, old_values: Tensor, rows: Callable[[Tensor], Tensor] | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Returns and old values in the units of ``value_raw``; with value normalization
-        this first folds the returns into the running statistics."""
+        this first folds the returns into the running statistics (those ``rows`` selects:
+        a sequence batch's real steps, ``Batch.loss``)."""
         norm = self.value_normalizer
         if norm is None:
             return returns, old_values
-        norm.update(returns)
+        norm.update(rows(returns) if rows is not None else returns)
         mean, std = norm.mean.to(returns.dtype), norm.var.sqrt().to(returns.dtype) + 1e-8
         return (returns - mean) / std, (old_values - mean) / std
 
     def actor_parameters(self) -> list[nn.Parameter]:
-        return [*self.actor.parameters(), *self.head.parameters()]  # type: ignore[attr-defined]
+        memory = self.actor_memory
+        return [
+            *self.actor.parameters(),
+            *(memory.parameters() if memory is not None else ()),
+            *self.head.parameters(),  # type: ignore[attr-defined]
+        ]
 
     def critic_parameters(self) -> list[nn.Parameter]:
-        return list(self.critic.parameters())
+        memory = self.critic_memory
+        return [*self.critic.parameters(), *(memory.parameters() if memory is not None else ())]
+
+    def next_state(self, obs: Tensor, state: Tensor) -> Tensor:
+        """The rows' recurrent states after one step on normalized ``obs`` (B, obs_dim)
+        from ``state`` (B, state_size): the actor memory's, then the critic's."""
+        sequences = Sequences(state, 1)
+        finals = []
+        if self.actor_memory is not None:
+            x = self.actor(obs)
+            finals.append(self._remember(self.actor_memory, x, sequences, 0)[1])
+        if self.critic_memory is not None:
+            offset = finals[0].shape[1] if finals else 0
+            x = self.critic[0](obs)
+            finals.append(self._remember(self.critic_memory, x, sequences, offset)[1])
+        return torch.cat(finals, 1)
 
     @torch.inference_mode()
     def step(
@@ -456,13 +536,19 @@ class Policy(nn.Module):
     # The user-facing API.
 
     @torch.inference_mode()
-    def act(self, obs: Any, deterministic: bool = True, mask: Any = None) -> Any:
+    def act(self, obs: Any, deterministic: bool = True, mask: Any = None, state: Any = None) -> Any:
         """Action(s) for the env from raw observation(s).
 
         ``obs`` is one observation (as the env returns it, a dict with 'observation' and
         'action_mask' included) or a batch; the answer has the same batching. A mask may
         also be given directly (e.g. from ``info["action_mask"]``).
+
+        A policy with memory (``policy.memory``) answers ``(actions, state)``: pass that
+        state with the next observation of the same episode, and None (zeros) at an
+        episode's start; a state is a float32 row of ``state_size`` per observation.
         """
+        if self.state_size:
+            return self._act_recurrent(obs, deterministic, mask, state)
         spec = self.spec
         single = spec.is_single(obs)
         if single:
@@ -479,8 +565,31 @@ class Policy(nn.Module):
         env_actions = spec.to_env(actions.numpy())
         return env_actions[0] if single else env_actions
 
+    def _act_recurrent(self, obs: Any, deterministic: bool, mask: Any, state: Any) -> Any:
+        spec = self.spec
+        single = spec.is_single(obs)
+        if single:
+            obs = _add_batch_dim(obs)
+            mask = np.asarray(mask)[None] if mask is not None else None
+            state = np.asarray(state, np.float32)[None] if state is not None else None
+        flat, dict_mask = spec.split(obs)
+        mask = mask if mask is not None else dict_mask
+        rows = len(flat)
+        if state is None:
+            state = np.zeros((rows, self.state_size), np.float32)
+        state_t = torch.as_tensor(np.asarray(state, np.float32))
+        x = self.normalize(torch.as_tensor(flat))
+        mask_t = torch.as_tensor(np.asarray(mask, dtype=bool)) if mask is not None else None
+        params = self.dist_params(x, mask_t, sequences=Sequences(state_t, 1))
+        actions = self.head.mode(params) if deterministic else self.head.sample(params)
+        env_actions = spec.to_env(actions.numpy())
+        next_state = self.next_state(x, state_t).numpy()
+        if single:
+            return env_actions[0], next_state[0]
+        return env_actions, next_state
+
     @torch.inference_mode()
-    def value(self, obs: Any) -> Any:
+    def value(self, obs: Any, state: Any = None) -> Any:
         """The critic's estimate of the return from raw observation(s), as ``act`` takes
         them: the observation normalizer is applied and, with value normalization, the
         output is put back into reward units (of the rewards the critic was trained on:
@@ -499,7 +608,14 @@ class Policy(nn.Module):
         if single:
             obs = _add_batch_dim(obs)
         flat, _ = self.spec.split(obs)
-        values = self.critic_value(self.normalize(torch.as_tensor(flat))).numpy()
+        sequences = None
+        if self.state_size:  # a recurrent critic: from ``state`` (``act``'s), zeros if None
+            rows = np.zeros((len(flat), self.state_size), np.float32) if state is None else state
+            if single and state is not None:
+                rows = np.asarray(state, np.float32)[None]
+            sequences = Sequences(torch.as_tensor(np.asarray(rows, np.float32)), 1)
+        x = self.normalize(torch.as_tensor(flat))
+        values = self.critic_value(x, sequences=sequences).numpy()
         return float(values[0]) if single else values
 
     def describe(self) -> dict[str, Any]:

@@ -25,6 +25,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from trustrl.acting.memory import chunk_layout
+from trustrl.learner.memory import Sequences
+
 if TYPE_CHECKING:
     from trustrl.contract import GroupBatch
     from trustrl.envs.rows import AgentGroup
@@ -101,6 +104,11 @@ class Rollout:
         self.last_value = torch.zeros(n)  # (N,), V of the observation after the last step
         self.advantages = torch.zeros((t, n))  # (T, N)
         self.returns = torch.zeros((t, n))  # (T, N)
+        # Recurrent policies: (T, N) episode starts, (C, state_size) chunk-start states,
+        # the chunks' longest length (contract.GroupBatch).
+        self.starts: Tensor | None = None
+        self.states: Tensor | None = None
+        self.sequence_length = 0
 
     @classmethod
     def for_group(cls, group: AgentGroup, num_steps: int, num_envs: int) -> Rollout:
@@ -119,9 +127,12 @@ class Rollout:
         )
 
     @classmethod
-    def from_batch(cls, batch: GroupBatch, num_agents: int = 1) -> Rollout:
+    def from_batch(
+        cls, batch: GroupBatch, num_agents: int = 1, sequence_length: int = 0
+    ) -> Rollout:
         """The learner's rollout over a runner's arrays (zero-copy where the dtypes agree:
-        the endings become float flags for GAE)."""
+        the endings become float flags for GAE). A recurrent policy's batch trains on
+        chunks of ``sequence_length`` steps, the collector's."""
         steps, rows = batch.valid.shape
         rollout = cls.__new__(cls)
         rollout.num_steps, rollout.num_rows = steps, rows
@@ -135,6 +146,9 @@ class Rollout:
         rollout.truncated = torch.from_numpy(batch.truncated.astype(np.float32))
         rollout.advantages = torch.zeros((steps, rows))
         rollout.returns = torch.zeros((steps, rows))
+        rollout.starts = _tensor(batch.starts) if batch.starts is not None else None
+        rollout.states = _tensor(batch.states) if batch.states is not None else None
+        rollout.sequence_length = sequence_length
         return rollout
 
     def compute_advantages(self, gamma: float, lam: float) -> None:
@@ -143,6 +157,46 @@ class Rollout:
         self.advantages, self.returns = gae(
             self.rewards, self.values, next_values, self.terminated, self.truncated, gamma, lam
         )
+
+    def training_batch(self) -> Batch:
+        """What an update trains on: the valid rows (``flat``), or a recurrent policy's
+        sequence chunks (``chunks``)."""
+        if self.states is not None:
+            return self.chunks()
+        return self.flat()
+
+    def chunks(self) -> SequenceBatch:
+        """A recurrent policy's rollout as sequence chunks (acting/memory.py's
+        ``chunk_layout``): each row cut at its episode starts and every
+        ``sequence_length`` steps, each chunk padded to that length by repeating its last
+        step (padding follows the real steps, so it changes none of their outputs) and
+        starting from the state it was acted with. Rows (C x L) chunk by chunk; the losses
+        average over ``loss_rows`` (real, valid steps) only."""
+        assert self.starts is not None and self.states is not None
+        length = self.sequence_length
+        chunk_rows, firsts, lengths = chunk_layout(self.starts.numpy(), length)
+        offsets = np.arange(length)
+        steps = firsts[:, None] + np.minimum(offsets, lengths[:, None] - 1)  # (C, L)
+        index = (steps * self.num_rows + chunk_rows[:, None]).reshape(-1)
+        real = (offsets < lengths[:, None]).reshape(-1)
+        loss_rows = real & self.valid.numpy().reshape(-1)[index]
+
+        def rows(x: Tensor) -> Tensor:
+            array = x.numpy()
+            return torch.from_numpy(array.reshape(-1, *array.shape[2:]).take(index, 0))
+
+        batch = Batch(
+            obs=rows(self.obs),
+            actions=rows(self.actions),
+            logprob=rows(self.logprob),
+            values=rows(self.values),
+            advantages=rows(self.advantages),
+            returns=rows(self.returns),
+            action_mask=rows(self.action_mask) if self.action_mask is not None else None,
+            critic_obs=rows(self.critic_obs) if self.critic_obs is not None else None,
+            agent=torch.from_numpy(np.tile(self.agent.numpy(), self.num_steps).take(index)),
+        )
+        return SequenceBatch(batch, self.states, length, torch.from_numpy(loss_rows))
 
     def flat(self) -> Batch:
         """The valid rows as one flat batch (a gather: reset rows are dropped), gathered in
@@ -212,6 +266,15 @@ class _Rows(Generic[ArrayT]):
         self.obs, self.actions, self.logprob, self.values = obs, actions, logprob, values
         self.advantages, self.returns = advantages, returns
         self.action_mask, self.critic_obs, self.agent = action_mask, critic_obs, agent
+
+    @property
+    def sequences(self) -> Sequences | None:
+        """How the rows are laid out for a memory core (None: independent rows)."""
+        return None
+
+    def loss(self, x: Tensor) -> Tensor:
+        """The rows of ``x`` (per row of this batch) that the losses average over: all."""
+        return x
 
     def minibatches(self, count: int, generator: torch.Generator) -> Iterator[Self]:
         """One epoch: ``count`` minibatches in random order. The shuffled batch is gathered
@@ -292,3 +355,59 @@ class Batch(_Rows[Tensor]):
 
 class NumpyBatch(_Rows[np.ndarray]):
     __slots__ = ()
+
+
+class SequenceBatch(Batch):
+    """A recurrent policy's training rows: C chunks of ``length`` steps (``Rollout.chunks``),
+    each chunk's start ``state`` (C, state_size), and ``loss_rows`` (C x L,) bool, the rows
+    the losses average over. Minibatches are whole chunks."""
+
+    __slots__ = ("state", "length", "loss_rows")
+
+    def __init__(self, rows: Batch, state: Tensor, length: int, loss_rows: Tensor) -> None:
+        super().__init__(
+            rows.obs,
+            rows.actions,
+            rows.logprob,
+            rows.values,
+            rows.advantages,
+            rows.returns,
+            rows.action_mask,
+            rows.critic_obs,
+            rows.agent,
+        )
+        self.state, self.length, self.loss_rows = state, length, loss_rows
+
+    @property
+    def sequences(self) -> Sequences:
+        return Sequences(self.state, self.length)
+
+    def loss(self, x: Tensor) -> Tensor:
+        return x[self.loss_rows]
+
+    def minibatches(self, count: int, generator: torch.Generator) -> Iterator[SequenceBatch]:
+        """One epoch: the chunks in random order, in ``count`` minibatches of whole chunks."""
+        if count <= 1:
+            yield self
+            return
+        chunks = len(self.state)
+        step = max(1, math.ceil(chunks / count))
+        order = torch.randperm(chunks, generator=generator).numpy()
+        for start in range(0, chunks, step):
+            yield self.take(order[start : start + step])
+
+    def take(self, chunks: np.ndarray) -> SequenceBatch:
+        """The chunks ``chunks`` (indices) as a batch of their own."""
+        index = (chunks[:, None] * self.length + np.arange(self.length)).reshape(-1)
+        plain = Batch(
+            self.obs,
+            self.actions,
+            self.logprob,
+            self.values,
+            self.advantages,
+            self.returns,
+            self.action_mask,
+            self.critic_obs,
+            self.agent,
+        )
+        return SequenceBatch(plain[index], self.state[chunks], self.length, self.loss_rows[index])

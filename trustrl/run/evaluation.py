@@ -100,12 +100,16 @@ def evaluate(
             running = list(range(first, min(first + PARALLEL, episodes)))
             slots = dict(zip(running, envs, strict=False))
             current = {i: slots[i].reset(seed=seed + i) for i in running}
+            # Each episode's recurrent state (policy.memory; no columns without): zeros first.
+            states = {i: np.zeros(act.inference.state_size, np.float32) for i in running}
             while running:
                 obs = [current[i][0] for i in running]
                 masks = [current[i][1].get("action_mask") for i in running]
-                actions = act(_stack(obs), _stack_masks(masks))
+                state = np.stack([states[i] for i in running])
+                actions, state = act(_stack(obs), _stack_masks(masks), state)
                 still = []
-                for i, action in zip(running, actions, strict=True):
+                for i, action, row in zip(running, actions, state, strict=True):
+                    states[i] = row
                     obs_i, reward, terminated, truncated, info = slots[i].step(action)
                     returns[i] += float(reward)
                     lengths[i] += 1
@@ -145,18 +149,26 @@ class _Actor:
         self.deterministic = deterministic
         self.rng = np.random.default_rng(seed)  # the draws of a stochastic evaluation
 
-    def __call__(self, obs: Any, info_mask: np.ndarray | None) -> np.ndarray:
+    def __call__(
+        self, obs: Any, info_mask: np.ndarray | None, state: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Actions for a batch of raw observations, and the rows' next recurrent states
+        (``state`` as given where the policy has no memory)."""
         inference = self.inference
         flat, obs_mask = self.spec.split(obs)
         mask = info_mask if info_mask is not None else obs_mask
         norm = inference.obs_normalizer
         x = norm.normalize_array(flat) if norm is not None else flat
-        if self.deterministic:
+        noise = None
+        if not self.deterministic:
+            noise = inference.noise(self.rng, 1, np.zeros(len(x), dtype=np.int64))[0]
+        if inference.state_size:
+            actions, _, _, state = inference.act_recurrent(x, mask, noise, state)
+        elif noise is None:
             actions = inference.mode(x, mask)
         else:
-            noise = inference.noise(self.rng, 1, np.zeros(len(x), dtype=np.int64))[0]
             actions, _ = inference.act(x, mask, noise)
-        return self.spec.to_env(actions)
+        return self.spec.to_env(actions), state
 
 
 def _stack(obs: list[Any]) -> Any:

@@ -563,7 +563,9 @@ class Trainer:
         statistics merged; what it brought (``Collected``)."""
         batch = self.collector.collect(self.snapshot())
         lag = self.config.runners.max_version_lag if self.config.runners.async_collection else 0
-        rollouts = absorb(self.policies, batch, self.iteration, lag)
+        rollouts = absorb(
+            self.policies, batch, self.iteration, lag, self.config.rollout.sequence_length
+        )
         return Collected(rollouts, batch.episodes, batch.env_steps, self.iteration - batch.version)
 
     def _runner_metrics(
@@ -684,12 +686,18 @@ def build_policies(config: Config, groups: list[AgentGroup]) -> list[Policy]:
 
 
 def absorb(
-    policies: list[Policy], batch: RolloutBatch, version: int, max_lag: int = 0
+    policies: list[Policy],
+    batch: RolloutBatch,
+    version: int,
+    max_lag: int = 0,
+    sequence_length: int = 0,
 ) -> list[Rollout]:
     """The learner's side of the contract: merge the batch's observation statistics into
     the policies' normalizers (exactly, count, mean and M2) and wrap its arrays as the
     rollouts the update trains on. The batch must come from the snapshot of ``version``
-    or, with asynchronous collection, one at most ``max_lag`` updates older."""
+    or, with asynchronous collection, one at most ``max_lag`` updates older. A recurrent
+    policy's rollout trains on chunks of ``sequence_length`` steps (rollout.sequence_length,
+    the length its runner cut them with)."""
     if not 0 <= version - batch.version <= max_lag:
         raise ValueError(
             f"a rollout of policy version {batch.version} reached the learner at {version} "
@@ -703,7 +711,12 @@ def absorb(
         ):
             if normalizer is not None and delta is not None:
                 normalizer.merge(delta)
-        rollouts.append(Rollout.from_batch(group, policy.num_agents))
+        if policy.state_size and group.states is None:
+            raise ValueError(
+                f"a rollout from {batch.runner} carries no recurrent states for a policy with "
+                f"memory ({policy.config.memory})"
+            )
+        rollouts.append(Rollout.from_batch(group, policy.num_agents, sequence_length))
     return rollouts
 
 

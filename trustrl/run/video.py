@@ -61,8 +61,13 @@ def record(
         for episode in range(episodes):
             obs, info = env.reset(seed=seed + episode)
             total, length, done = 0.0, 0, False
+            state = None  # a recurrent policy's (policy.memory): zeros at the start
             while not done:
-                action = policy.act(obs, deterministic, mask=info.get("action_mask"))
+                mask = info.get("action_mask")
+                if policy.state_size:
+                    action, state = policy.act(obs, deterministic, mask=mask, state=state)
+                else:
+                    action = policy.act(obs, deterministic, mask=mask)
                 obs, reward, terminated, truncated, info = env.step(action)
                 total += float(reward)
                 length += 1

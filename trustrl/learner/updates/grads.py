@@ -181,16 +181,24 @@ class TorchGradients:
         terms: Terms = {}
         losses: dict[str, Tensor] = {}  # each optimizer's loss
         # A shared encoder runs once for the actor and the critic (policy.share_encoder).
-        features = policy.features(mb.obs, mb.agent) if policy.share_encoder else None
+        # A recurrent policy's rows are sequence chunks (mb.sequences); the losses average
+        # over the chunks' real, valid steps (mb.loss).
+        sequences = mb.sequences
+        features = policy.features(mb.obs, mb.agent, sequences) if policy.share_encoder else None
         if fit_policy:
             assert clip_coef is not None and self.actor_key is not None
-            params = policy.dist_params(mb.obs, mb.action_mask, mb.agent, features)
-            logprob = policy.head.log_prob(params, mb.actions)
+            params = policy.dist_params(mb.obs, mb.action_mask, mb.agent, features, sequences)
+            logprob = mb.loss(policy.head.log_prob(params, mb.actions))
             # Reported, not trained on, without an entropy bonus: out of the backward pass.
             with torch.set_grad_enabled(bool(cfg.ent_coef)):
-                entropy = policy.head.entropy(params)
+                entropy = mb.loss(policy.head.entropy(params))
             named = policy_terms(
-                logprob, mb.logprob, mb.advantages, entropy, clip_coef, cfg.norm_adv
+                logprob,
+                mb.loss(mb.logprob),
+                mb.loss(mb.advantages),
+                entropy,
+                clip_coef,
+                cfg.norm_adv,
             )
             with torch.no_grad():  # one synchronizing read for all four
                 terms.update(zip(named, torch.stack(list(named.values())).tolist(), strict=True))
@@ -205,8 +213,10 @@ class TorchGradients:
                 )
         if fit_value:
             assert self.critic_key is not None
-            values = policy.value_raw(mb.obs, mb.critic_obs, mb.agent, features)
-            value = value_terms(values, mb.values, mb.returns, cfg.vf_clip_coef)["loss_v"]
+            values = mb.loss(policy.value_raw(mb.obs, mb.critic_obs, mb.agent, features, sequences))
+            value = value_terms(values, mb.loss(mb.values), mb.loss(mb.returns), cfg.vf_clip_coef)[
+                "loss_v"
+            ]
             terms["loss_v"] = float(value.detach())
             # vf_coef weighs the value term where one optimizer holds both networks.
             scaled = value * cfg.vf_coef if self.critic_key == self.actor_key else value
@@ -236,6 +246,8 @@ class NumpyGradients:
     def unsupported(policy: Policy) -> str | None:
         """Why this backend cannot serve ``policy``, or None where it can."""
         head = policy.head
+        if policy.state_size:
+            return "it has memory (policy.memory)"
         if policy.share_encoder:
             return "its actor and critic share an encoder"
         if policy.spec.obs_entries:  # rows of frames, one-hots or Dict entries

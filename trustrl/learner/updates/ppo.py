@@ -111,8 +111,8 @@ class PPOUpdate:
                 group["lr"] = lr
         clip_coef = cfg.clip_coef * (remaining if cfg.anneal_clip else 1.0)
 
-        batch = rollout.flat()
-        batch.returns, batch.values = policy.value_targets(batch.returns, batch.values)
+        batch = rollout.training_batch()
+        batch.returns, batch.values = policy.value_targets(batch.returns, batch.values, batch.loss)
         separate = cfg.separate_optimizers
         pi_epochs = cfg.update_epochs
         vf_epochs = (cfg.vf_epochs or cfg.update_epochs) if separate else pi_epochs
@@ -155,7 +155,9 @@ class PPOUpdate:
         metrics = _summarize(epoch_stats)
         metrics.update(
             clip_fraction=_mean(clip_fractions),
-            explained_variance=explained_variance(batch.values, batch.returns),
+            explained_variance=explained_variance(
+                batch.loss(batch.values), batch.loss(batch.returns)
+            ),
             stop_iter=float(stop_iter),
             learning_rate=self.optimizers["pi" if separate else "all"].param_groups[0]["lr"],
             clip_coef=clip_coef,

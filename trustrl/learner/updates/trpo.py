@@ -84,6 +84,7 @@ def fisher_vector_product(
     old_params: Tensor,
     damping: float,
     agent: Tensor | None = None,
+    batch: Batch | None = None,
 ) -> Callable[[Tensor], Tensor]:
     """v -> (F + damping I) v at the current actor, F the Hessian of mean KL(old || new).
 
@@ -93,7 +94,10 @@ def fisher_vector_product(
     move within it): each product is then one backward pass through that graph.
     """
     params = policy.actor_parameters()
-    kl = policy.head.kl(old_params, policy.dist_params(obs, mask, agent)).mean()
+    # A recurrent policy's rows are ``batch``'s sequence chunks, averaged over its real steps.
+    sequences = batch.sequences if batch is not None else None
+    kl = policy.head.kl(old_params, policy.dist_params(obs, mask, agent, sequences=sequences))
+    kl = (batch.loss(kl) if batch is not None else kl).mean()
     grads = torch.autograd.grad(kl, params, create_graph=True)
     flat = torch.cat([g.reshape(-1) for g in grads])
 
@@ -154,8 +158,8 @@ class TRPOUpdate:
         self.generator.set_state(state["generator"])
 
     def __call__(self, policy: Policy, rollout: Rollout, progress: float) -> dict[str, float]:
-        batch = rollout.flat()
-        batch.returns, batch.values = policy.value_targets(batch.returns, batch.values)
+        batch = rollout.training_batch()
+        batch.returns, batch.values = policy.value_targets(batch.returns, batch.values, batch.loss)
         skipped: dict[str, int] = {}
         # The critic first (the two touch disjoint weights, so the order changes no number):
         # where none of its steps was finite, the policy is not stepped on the rollout.
@@ -167,7 +171,9 @@ class TRPOUpdate:
         else:
             metrics = dict(NO_POLICY_STEP)
         metrics.update(critic)
-        metrics["explained_variance"] = explained_variance(batch.values, batch.returns)
+        metrics["explained_variance"] = explained_variance(
+            batch.loss(batch.values), batch.loss(batch.returns)
+        )
         metrics["learning_rate"] = self.config.vf_lr
         metrics["nonfinite_skips"] = float(sum(skipped.values()))
         warn_skipped(skipped)
@@ -178,20 +184,32 @@ class TRPOUpdate:
         it (``loss_pi`` is then NaN)."""
         cfg = self.config
         params = policy.actor_parameters()
-        advantages = normalize_advantages(batch.advantages) if cfg.norm_adv else batch.advantages
+        # A recurrent policy's rows are sequence chunks: every mean is over their real
+        # steps (batch.loss; all rows otherwise).
+        rows, sequences = batch.loss, batch.sequences
+        advantages = rows(batch.advantages)
+        advantages = normalize_advantages(advantages) if cfg.norm_adv else advantages
+        old_logprob = rows(batch.logprob)
         with torch.no_grad():
-            old_params = policy.dist_params(batch.obs, batch.action_mask, batch.agent)
-            entropy = float(policy.head.entropy(old_params).mean())
+            old_params = policy.dist_params(
+                batch.obs, batch.action_mask, batch.agent, sequences=sequences
+            )
+            entropy = float(rows(policy.head.entropy(old_params)).mean())
 
-        new_params = policy.dist_params(batch.obs, batch.action_mask, batch.agent)
-        logprob = policy.head.log_prob(new_params, batch.actions)
-        objective = surrogate(logprob, batch.logprob, advantages)
+        def actor_params() -> Tensor:
+            return policy.dist_params(
+                batch.obs, batch.action_mask, batch.agent, sequences=sequences
+            )
+
+        new_params = actor_params()
+        logprob = rows(policy.head.log_prob(new_params, batch.actions))
+        objective = surrogate(logprob, old_logprob, advantages)
         grads = torch.autograd.grad(objective, params)
         g = torch.cat([grad.reshape(-1) for grad in grads])
         base = objective.item()
 
         fvp = fisher_vector_product(
-            policy, batch.obs, batch.action_mask, old_params, cfg.cg_damping, batch.agent
+            policy, batch.obs, batch.action_mask, old_params, cfg.cg_damping, batch.agent, batch
         )
         direction, residual = conjugate_gradient(fvp, g, cfg.cg_iters, cfg.cg_residual_tol)
         curvature = float(torch.dot(direction, fvp(direction)))
@@ -206,10 +224,10 @@ class TRPOUpdate:
         @torch.no_grad()
         def evaluate(candidate: Tensor) -> tuple[float, float]:
             assign(params, candidate)
-            new_params = policy.dist_params(batch.obs, batch.action_mask, batch.agent)
-            logprob = policy.head.log_prob(new_params, batch.actions)
-            kl = policy.head.kl(old_params, new_params).mean()
-            return float(surrogate(logprob, batch.logprob, advantages)), float(kl)
+            new_params = actor_params()
+            logprob = rows(policy.head.log_prob(new_params, batch.actions))
+            kl = rows(policy.head.kl(old_params, new_params)).mean()
+            return float(surrogate(logprob, old_logprob, advantages)), float(kl)
 
         finite = all(math.isfinite(v) for v in (base, expected_full, curvature))
         tries, accepted = (0, None)

@@ -1,0 +1,365 @@
+"""Recurrent policies (policy.memory): the numpy cells against torch's, the chunk layout,
+the states a collector stores against the states its acting produced, the chunked,
+padded and masked losses and gradients against a step-by-step recomputation, resume,
+evaluation, and bad settings refused naming the field."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import trustrl
+from tests.collecting import collect
+from trustrl.acting.collector import Collector
+from trustrl.acting.inference import Inference
+from trustrl.acting.memory import NumpyCell, chunk_layout
+from trustrl.config import ConfigError, PolicyConfig, PPOConfig, TRPOConfig
+from trustrl.envs.spaces import SpaceSpec
+from trustrl.learner.memory import Memory, Sequences
+from trustrl.learner.policy import Policy
+from trustrl.learner.rollout import SequenceBatch
+from trustrl.learner.updates.grads import LossSettings, TorchGradients
+from trustrl.learner.updates.ppo import PPOUpdate
+from trustrl.learner.updates.trpo import TRPOUpdate
+from trustrl.run.evaluation import evaluate
+from trustrl.run.logging import read_progress
+
+# float32 recurrences in another order of operations, over up to 300 steps.
+TOLERANCE = 1e-4
+KINDS = ["lstm", "gru"]
+
+
+def masked_cartpole(**kwargs: Any) -> gym.Env:
+    from examples.masked import cartpole
+
+    return cartpole(**kwargs)
+
+
+def _spec(action: gym.Space[Any] | None = None) -> SpaceSpec:
+    box = gym.spaces.Box(-5.0, 5.0, (3,), np.float32)
+    return SpaceSpec.from_spaces(box, action or gym.spaces.Discrete(3))
+
+
+def _policy(kind: str, share: bool = False, action: gym.Space[Any] | None = None) -> Policy:
+    torch.manual_seed(0)
+    config = PolicyConfig(hidden_sizes=(8,), memory=kind, memory_size=5, share_encoder=share)
+    return Policy(_spec(action), config, normalize_obs=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_numpy_cells_equal_torch_over_long_sequences(kind: str) -> None:
+    torch.manual_seed(1)
+    memory = Memory(kind, 6, 7)
+    weights = {k: v.detach().numpy() for k, v in memory.state_dict().items()}
+    cell = NumpyCell(kind, weights, "rnn.")
+    x = torch.randn(300, 4, 6)
+    state = torch.randn(4, memory.state_size) * 0.5
+    with torch.no_grad():
+        expected, final = memory(x, state)
+    numpy_state = state.numpy()
+    for t in range(len(x)):
+        out, numpy_state = cell(x[t].numpy(), numpy_state)
+        np.testing.assert_allclose(out, expected[t].numpy(), atol=TOLERANCE)
+    np.testing.assert_allclose(numpy_state, final.numpy(), atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_episode_start_inside_a_sequence_resets_its_state(kind: str) -> None:
+    torch.manual_seed(2)
+    memory = Memory(kind, 3, 4)
+    x, state = torch.randn(10, 2, 3), torch.randn(2, memory.state_size)
+    resets = torch.zeros(10, 2, dtype=torch.bool)
+    resets[6, 1] = True
+    with torch.no_grad():
+        out, _ = memory(x, state, resets)
+        # Row 1 from step 6 on is a fresh sequence from zeros; row 0 runs through.
+        fresh, _ = memory(x[6:, 1:], torch.zeros(1, memory.state_size))
+        whole, _ = memory(x, state)
+    torch.testing.assert_close(out[6:, 1:], fresh)
+    torch.testing.assert_close(out[:, 0], whole[:, 0])
+    torch.testing.assert_close(out[:6, 1], whole[:6, 1])
+    assert not torch.allclose(out[6:, 1], whole[6:, 1])
+
+
+def test_chunks_are_cut_at_episode_starts_and_every_length_steps() -> None:
+    starts = np.zeros((10, 2), bool)
+    starts[4, 0] = True
+    starts[0, 1] = True
+    rows, firsts, lengths = chunk_layout(starts, 3)
+    assert list(zip(rows.tolist(), firsts.tolist(), lengths.tolist(), strict=True)) == [
+        (0, 0, 3),
+        (0, 3, 1),
+        (0, 4, 3),
+        (0, 7, 3),
+        (1, 0, 3),
+        (1, 3, 3),
+        (1, 6, 3),
+        (1, 9, 1),
+    ]
+
+
+def _collector(seed: int = 0, num_envs: int = 3, length: int = 8) -> Collector:
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1", max_episode_steps=15) for _ in range(num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
+    )
+    return Collector(envs, seed, gamma=0.99, num_steps=40, sequence_length=length)
+
+
+def _cartpole_policy(kind: str, share: bool = False) -> Policy:
+    torch.manual_seed(3)
+    spec = SpaceSpec.from_spaces(
+        gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2)
+    )
+    config = PolicyConfig(hidden_sizes=(8,), memory=kind, memory_size=6, share_encoder=share)
+    return Policy(spec, config, normalize_obs=True)
+
+
+def _replay(inference: Inference, obs: np.ndarray, starts: np.ndarray) -> tuple[Any, ...]:
+    """The acting side's states and values, recomputed step by step over a rollout."""
+    steps, rows, _ = obs.shape
+    state = np.zeros((rows, inference.state_size), np.float32)
+    states, values, outs = [], [], []
+    for t in range(steps):
+        state = np.where(starts[t][:, None], np.float32(0.0), state)
+        states.append(state)
+        _, out, value, state = inference.act_recurrent(obs[t], None, None, state)
+        values.append(value)
+        outs.append(out)
+    return np.stack(states), np.stack(values), np.stack(outs)
+
+
+@pytest.mark.parametrize(("kind", "share"), [("lstm", False), ("gru", False), ("lstm", True)])
+def test_stored_states_are_the_states_the_acting_side_produced(kind: str, share: bool) -> None:
+    policy = _cartpole_policy(kind, share)
+    collector = _collector()
+    inference = Inference.of(policy)
+    first, _ = collect(collector, policy, 40)
+    second, _ = collect(collector, policy, 40)
+    for rollout in (first, second):
+        assert rollout.starts is not None and rollout.states is not None
+        starts = rollout.starts.numpy()
+        ended = (rollout.terminated + rollout.truncated).numpy() > 0
+        # An episode starts on the step after its reset step (the step after an end).
+        assert (starts[2:] == ended[:-2]).all()
+    # The first rollout starts fresh: its states are recomputable from zeros.
+    obs = first.obs.numpy()
+    starts = first.starts.numpy().copy()
+    starts[0] = True
+    states, values, _ = _replay(inference, obs, starts)
+    rows, firsts, _ = chunk_layout(first.starts.numpy(), 8)
+    np.testing.assert_allclose(first.states.numpy(), states[firsts, rows], atol=1e-6)
+    np.testing.assert_allclose(first.values.numpy(), values, atol=1e-5)
+    # The second continues the first's episodes: its first chunks start from the carried
+    # state, which the replay of both rollouts gives.
+    both = np.concatenate([obs, second.obs.numpy()])
+    both_starts = np.concatenate([starts, second.starts.numpy()])
+    states, _, _ = _replay(inference, both, both_starts)
+    rows, firsts, _ = chunk_layout(second.starts.numpy(), 8)
+    np.testing.assert_allclose(second.states.numpy(), states[40 + firsts, rows], atol=1e-5)
+    # The bootstrap after the last step continues the state too.
+    _, last_values, _ = _replay(
+        inference, np.concatenate([both, collector.lanes[0].obs[None]]), np.zeros((81, 3), bool)
+    )
+    assert last_values.shape == (81, 3)
+
+
+@pytest.mark.parametrize(("kind", "share"), [("lstm", False), ("gru", False), ("gru", True)])
+def test_chunked_terms_at_the_acting_weights_equal_what_was_acted(kind: str, share: bool) -> None:
+    policy = _cartpole_policy(kind, share)
+    collector = _collector(seed=4)
+    collect(collector, policy, 40)
+    rollout, _ = collect(collector, policy, 40)
+    rollout.sequence_length = 8
+    batch = rollout.chunks()
+    assert isinstance(batch, SequenceBatch)
+    assert int(batch.loss_rows.sum()) == int(rollout.valid.sum())
+    with torch.no_grad():
+        params = policy.dist_params(batch.obs, None, sequences=batch.sequences)
+        logprob = policy.head.log_prob(params, batch.actions)
+        values = policy.value_raw(batch.obs, sequences=batch.sequences)
+    rows = batch.loss_rows
+    torch.testing.assert_close(logprob[rows], batch.logprob[rows], atol=1e-5, rtol=0)
+    torch.testing.assert_close(values[rows], batch.values[rows], atol=1e-5, rtol=0)
+
+
+def _step_by_step_loss(policy: Policy, batch: SequenceBatch, settings: LossSettings) -> Any:
+    """PPO's loss over the chunks recomputed one step at a time from the stored states."""
+    from trustrl.learner.losses import policy_terms, value_terms
+
+    length, chunks = batch.length, len(batch.state)
+    logprobs, entropies, values = [], [], []
+    for c in range(chunks):
+        state = batch.state[c : c + 1]
+        for step in range(length):
+            row = c * length + step
+            obs = batch.obs[row : row + 1]
+            params = policy.dist_params(obs, None, sequences=Sequences(state, 1))
+            value = policy.value_raw(obs, sequences=Sequences(state, 1))
+            state = policy.next_state(obs, state)
+            if batch.loss_rows[row]:
+                logprobs.append(policy.head.log_prob(params, batch.actions[row : row + 1]))
+                entropies.append(policy.head.entropy(params))
+                values.append(value)
+    rows = batch.loss_rows
+    named = policy_terms(
+        torch.cat(logprobs),
+        batch.logprob[rows],
+        batch.advantages[rows],
+        torch.cat(entropies),
+        0.2,
+    )
+    loss_v = value_terms(torch.cat(values), batch.values[rows], batch.returns[rows])["loss_v"]
+    return named["loss_pi"] - settings.ent_coef * named["entropy"] + settings.vf_coef * loss_v
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_chunked_loss_and_gradients_equal_step_by_step_recomputation(kind: str) -> None:
+    policy = _cartpole_policy(kind)
+    collector = _collector(seed=5)
+    collect(collector, policy, 40)
+    rollout, _ = collect(collector, policy, 40)
+    rollout.sequence_length = 8
+    rollout.compute_advantages(0.99, 0.95)
+    # Move the weights off the acting ones, so that the ratios are not all 1.
+    with torch.no_grad():
+        for param in policy.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    batch = rollout.chunks()
+    settings = LossSettings(ent_coef=0.01)
+    update = PPOUpdate(policy, PPOConfig(grad_backend="torch"))
+    grads = TorchGradients(policy, settings, update.optimizers)
+    terms, flat = grads.step(batch, fit_policy=True, fit_value=True, clip_coef=0.2)
+    expected = flat["all"].clone()
+    policy.zero_grad()
+    loss = _step_by_step_loss(policy, batch, settings)
+    loss.backward()
+    reference = torch.cat([p.grad.reshape(-1) for p in policy.parameters()])
+    torch.testing.assert_close(expected, reference, atol=1e-5, rtol=1e-4)
+    assert math.isfinite(terms["loss_pi"])
+
+
+@pytest.mark.parametrize("algo", ["ppo", "trpo"])
+def test_updates_train_recurrent_policies_on_chunks(algo: str) -> None:
+    policy = _cartpole_policy("lstm")
+    collector = _collector(seed=6)
+    rollout, _ = collect(collector, policy, 40)
+    rollout.sequence_length = 8
+    rollout.compute_advantages(0.99, 0.95)
+    before = [p.detach().clone() for p in policy.parameters()]
+    if algo == "ppo":
+        metrics = PPOUpdate(policy, PPOConfig(num_minibatches=3))(policy, rollout, 0.0)
+    else:
+        metrics = TRPOUpdate(policy, TRPOConfig(minibatches=3))(policy, rollout, 0.0)
+        assert metrics["line_search_accepted"] == 1.0
+    assert math.isfinite(metrics["loss_pi"]) and math.isfinite(metrics["loss_v"])
+    moved = [not torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True)]
+    assert all(moved)
+
+
+def test_policy_act_carries_the_state_as_the_acting_side_does() -> None:
+    policy = _cartpole_policy("gru")
+    inference = Inference.of(policy)
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(12, 2, 4)).astype(np.float32)
+    state, numpy_state = None, np.zeros((2, inference.state_size), np.float32)
+    norm = inference.obs_normalizer
+    assert norm is not None
+    for t in range(12):
+        actions, state = policy.act(obs[t], state=state)
+        expected, _, _, numpy_state = inference.act_recurrent(
+            norm.normalize_array(obs[t]), None, None, numpy_state
+        )
+        np.testing.assert_array_equal(actions, expected)
+        np.testing.assert_allclose(state, numpy_state, atol=TOLERANCE)
+    # One observation at a time: an action and a state row.
+    action, row = policy.act(obs[0, 0])
+    assert np.shape(action) == () and row.shape == (policy.state_size,)
+
+
+def _overrides(run_dir: Path, kind: str, total: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "quiet": True,
+        "total_steps": total,
+        "eval_episodes": 0,
+        "target_return": None,
+        "checkpoint_every": 1000,
+        "run_dir": str(run_dir),
+        "env": {"backend": "sync", "num_envs": 2},
+        "rollout": {"num_steps": 32, "sequence_length": 8},
+        "policy": {"memory": kind, "memory_size": 8, "hidden_sizes": [16]},
+        "ppo": {"num_minibatches": 2, "update_epochs": 2},
+        **extra,
+    }
+
+
+def test_a_recurrent_run_resumes_bit_identically(tmp_path: Path) -> None:
+    steps = 64 * 6
+    whole = trustrl.Trainer(
+        trustrl.resolve("CartPole-v1", overrides=_overrides(tmp_path / "a", "lstm", steps))
+    )
+    whole.train()
+    config = trustrl.resolve("CartPole-v1", overrides=_overrides(tmp_path / "b", "lstm", steps))
+    trustrl.Trainer(config).train(iterations=3)
+    resumed = trustrl.Trainer(config, tmp_path / "b", resume=True)
+    assert resumed.envs_restored
+    resumed.train()
+    rows_a = read_progress(tmp_path / "a" / "progress.csv")
+    rows_b = read_progress(tmp_path / "b" / "progress.csv")
+    for a, b in zip(rows_a, rows_b, strict=True):
+        assert (
+            a["loss_pi"] == b["loss_pi"]
+            and a["episode_return_mean"] == b["episode_return_mean"]
+            or (math.isnan(a["episode_return_mean"]) and math.isnan(b["episode_return_mean"]))
+        )
+    for (name, x), y in zip(
+        whole.policy.state_dict().items(), resumed.policy.state_dict().values(), strict=True
+    ):
+        assert torch.equal(x, y), name
+
+
+def test_evaluation_carries_each_episodes_state(tmp_path: Path) -> None:
+    """Evaluation acts in batches of episodes through the numpy side; the same policy
+    stepped one episode at a time by Policy.act gives the same returns."""
+    policy = _cartpole_policy("lstm")
+    policy.obs_normalizer = None
+    result = evaluate(policy, "CartPole-v1", episodes=3, seed=7)
+    env = gym.make("CartPole-v1")
+    for episode in range(3):
+        obs, _ = env.reset(seed=7 + episode)
+        state, total, done = None, 0.0, False
+        while not done:
+            action, state = policy.act(obs, state=state)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
+        assert total == result.returns[episode]
+
+
+def test_bad_memory_settings_are_refused_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match="policy.memory_size must be an integer >= 1, got 0"):
+        PolicyConfig(memory="lstm", memory_size=0)
+    with pytest.raises(ConfigError, match="policy.memory must be one of none, lstm, gru"):
+        PolicyConfig(memory="rnn")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"rollout.sequence_length must be <= rollout.num_steps"):
+        trustrl.resolve(
+            "CartPole-v1",
+            overrides={
+                "rollout": {"num_steps": 16, "sequence_length": 32},
+                "policy": {"memory": "gru"},
+            },
+        )
+    spec = _spec()
+    config = PolicyConfig(memory="gru")
+    with pytest.raises(ConfigError, match="multi-agent groups"):
+        Policy(spec, config, num_agents=2, agent_id=True)
+    # Without memory the sequence length is not checked (it has no effect).
+    trustrl.resolve("CartPole-v1", overrides={"rollout": {"num_steps": 8}})
+    assert replace(config, memory="none").memory == "none"
