@@ -315,10 +315,8 @@ def test_a_recurrent_run_resumes_bit_identically(tmp_path: Path) -> None:
     rows_b = read_progress(tmp_path / "b" / "progress.csv")
     for a, b in zip(rows_a, rows_b, strict=True):
         assert (
-            a["loss_pi"] == b["loss_pi"]
-            and a["episode_return_mean"] == b["episode_return_mean"]
-            or (math.isnan(a["episode_return_mean"]) and math.isnan(b["episode_return_mean"]))
-        )
+            a["loss_pi"] == b["loss_pi"] and a["episode_return_mean"] == b["episode_return_mean"]
+        ) or (math.isnan(a["episode_return_mean"]) and math.isnan(b["episode_return_mean"]))
     for (name, x), y in zip(
         whole.policy.state_dict().items(), resumed.policy.state_dict().values(), strict=True
     ):
@@ -344,9 +342,9 @@ def test_evaluation_carries_each_episodes_state(tmp_path: Path) -> None:
 
 
 def test_bad_memory_settings_are_refused_naming_the_field() -> None:
-    with pytest.raises(ConfigError, match="policy.memory_size must be an integer >= 1, got 0"):
+    with pytest.raises(ConfigError, match=r"policy\.memory_size must be an integer >= 1, got 0"):
         PolicyConfig(memory="lstm", memory_size=0)
-    with pytest.raises(ConfigError, match="policy.memory must be one of none, lstm, gru"):
+    with pytest.raises(ConfigError, match=r"policy\.memory must be one of none, lstm, gru"):
         PolicyConfig(memory="rnn")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"rollout.sequence_length must be <= rollout.num_steps"):
         trustrl.resolve(

@@ -450,6 +450,7 @@ class Collector(Runner):
             lane.state[lane.starting] = 0.0
             acting.starts[t] = lane.starting
             acting.states[t] = lane.state
+            assert acting.values is not None
             actions, acting.out[t], acting.values[t], lane.state = inference.act_recurrent(
                 x, lane.mask, acting.noise[t], lane.state
             )

@@ -25,7 +25,6 @@ from trustrl.envs.layout import Entry
 from trustrl.envs.rows import AgentGroup
 from trustrl.envs.spaces import SpaceSpec
 from trustrl.learner.cnn import ConvEncoder
-from trustrl.learner.memory import Memory, Sequences, memory_init
 from trustrl.learner.heads import (
     ActionHead,
     CategoricalHead,
@@ -33,6 +32,7 @@ from trustrl.learner.heads import (
     MultiCategoricalHead,
     StackedLinear,
 )
+from trustrl.learner.memory import Memory, Sequences, memory_init
 from trustrl.normalize import MeanStd, RunningStats
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}

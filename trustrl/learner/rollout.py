@@ -362,7 +362,7 @@ class SequenceBatch(Batch):
     each chunk's start ``state`` (C, state_size), and ``loss_rows`` (C x L,) bool, the rows
     the losses average over. Minibatches are whole chunks."""
 
-    __slots__ = ("state", "length", "loss_rows")
+    __slots__ = ("length", "loss_rows", "state")
 
     def __init__(self, rows: Batch, state: Tensor, length: int, loss_rows: Tensor) -> None:
         super().__init__(
