@@ -361,3 +361,68 @@ def test_bad_memory_settings_are_refused_naming_the_field() -> None:
     # Without memory the sequence length is not checked (it has no effect).
     trustrl.resolve("CartPole-v1", overrides={"rollout": {"num_steps": 8}})
     assert replace(config, memory="none").memory == "none"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_export_steps_the_state_and_matches_act_over_whole_episodes(
+    tmp_path: Path, kind: str
+) -> None:
+    import onnxruntime as ort
+
+    from trustrl.run.checkpoint import load_policy
+    from trustrl.run.export import export_policy
+
+    config = trustrl.resolve(
+        "CartPole-v1", overrides=_overrides(tmp_path / "run", kind, 64 * 4, eval_episodes=0)
+    )
+    trustrl.Trainer(config).train()
+    policy = load_policy(tmp_path / "run")
+    assert isinstance(policy, Policy)
+    onnx = export_policy(tmp_path / "run", "onnx")
+    script = export_policy(tmp_path / "run", "torchscript")
+    actor_state = policy.actor_memory.state_size  # type: ignore[union-attr]
+    assert onnx.inputs == {"obs": "float32 (batch, 4)", "state": f"float32 (batch, {actor_state})"}
+    assert set(onnx.outputs) == {"action", "next_state"}
+    session = ort.InferenceSession(str(onnx.path), providers=["CPUExecutionProvider"])
+    traced = torch.jit.load(str(script.path))
+    env = gym.make("CartPole-v1")
+    steps = 0
+    for episode in range(2):
+        obs, _ = env.reset(seed=episode)
+        state = None
+        onnx_state = np.zeros((1, actor_state), np.float32)
+        script_state = torch.zeros(1, actor_state)
+        done = False
+        while not done:
+            action, state = policy.act(obs, state=state)
+            batch = np.asarray(obs, np.float32)[None]
+            onnx_action, onnx_state = session.run(None, {"obs": batch, "state": onnx_state})
+            script_action, script_state = traced(torch.from_numpy(batch), script_state)
+            assert int(onnx_action[0]) == int(action) == int(script_action[0])
+            np.testing.assert_allclose(onnx_state[0], state[:actor_state], atol=TOLERANCE)
+            obs, _, terminated, truncated, _ = env.step(action)
+            done = terminated or truncated
+            steps += 1
+    assert steps > 20
+    # Any batch size: three rows at once, each its own state.
+    rows = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
+    actions, states = policy.act(rows)
+    onnx_actions, onnx_states = session.run(
+        None, {"obs": rows, "state": np.zeros((3, actor_state), np.float32)}
+    )
+    np.testing.assert_array_equal(onnx_actions, actions)
+    np.testing.assert_allclose(onnx_states, states[:, :actor_state], atol=TOLERANCE)
+
+
+def test_recurrent_policies_are_refused_where_they_are_not_carried_yet(tmp_path: Path) -> None:
+    from trustrl.remote.external import learner_config
+
+    config = trustrl.resolve("CartPole-v1", overrides={"policy": {"memory": "lstm"}})
+    with pytest.raises(ConfigError, match="external agents .* do not carry recurrent states"):
+        learner_config(config)
+    spread = trustrl.resolve(
+        "mpe2:simple_spread_v3",
+        overrides={"policy": {"memory": "gru"}, "run_dir": str(tmp_path), "quiet": True},
+    )
+    with pytest.raises(ConfigError, match="multi-agent envs take memory"):
+        trustrl.Trainer(spread)

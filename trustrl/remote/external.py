@@ -88,7 +88,14 @@ def spec_of(config: Config) -> SpaceSpec:
 
 def learner_config(config: Config) -> tuple[Config, list[str]]:
     """``config`` as an external agents' learner runs it, and notes on what changed: with
-    spaces given in ``[agent]`` there is no env to evaluate on."""
+    spaces given in ``[agent]`` there is no env to evaluate on. A recurrent policy is
+    refused: agents' chunks do not carry recurrent states yet."""
+    if config.policy.memory != "none":
+        raise ConfigError(
+            f"policy.memory = {config.policy.memory!r}: external agents (trustrl serve, "
+            "Agent) do not carry recurrent states yet; train recurrent policies with trustrl "
+            'train (in this process or on Ray runners), or set policy.memory = "none"'
+        )
     if config.agent.observation_shape is None or config.eval_episodes == 0:
         return config, []
     note = (

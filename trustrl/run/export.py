@@ -19,6 +19,9 @@ inputs
                      layout (the float vectors first): the order TorchScript takes them in,
                      positionally, and the order of the metadata's ``inputs``. Frames are
                      scaled inside (uint8 by 1/255); bool grids are bool inputs.
+    ``state``        float32 (batch, S), only for a policy with memory (``policy.memory``):
+                     the actor's recurrent state (an LSTM's h then c, a GRU's h), zeros at
+                     an episode's start, then each step's ``next_state``.
     ``action_mask``  bool (batch, n), only when the policy was trained with action masks;
                      True = allowed. TorchScript also accepts a float/int mask (nonzero =
                      allowed); ONNX declares the input as bool.
@@ -27,6 +30,7 @@ output
                      MultiDiscrete: int64 (batch, k), one argmax per component;
                      Box: float32 (batch, *env_action_shape), the Gaussian mean clipped to
                      the action space's bounds.
+    ``next_state``   float32 (batch, S), only with memory: the state for the next step.
 
 The observation normalizer's statistics (and its clip) are baked in as float32
 constants computed exactly as ``RunningMeanStd.forward`` computes them (for a structured
@@ -116,14 +120,17 @@ def _one_hot_columns(entry: Entry) -> tuple[Tensor, Tensor]:
     return torch.tensor(component, dtype=torch.int64), torch.tensor(value, dtype=torch.int64)
 
 
-def input_names(spec: SpaceSpec) -> list[str]:
+def input_names(spec: SpaceSpec, recurrent: bool = False) -> list[str]:
     """The exported model's inputs: ``obs`` (a flat Box's vector, or a whole structured
     observation), or ``obs.<key>`` per entry of a Dict or Tuple, in the layout's order;
-    then ``action_mask`` for a masked policy."""
+    ``state`` for a ``recurrent`` policy (memory); then ``action_mask`` for a masked
+    policy."""
     entries = spec.obs_entries
     names = (
         ["obs"] if not entries or not entries[0]["key"] else [f"obs.{e['key']}" for e in entries]
     )
+    if recurrent:
+        names.append("state")
     return [*names, "action_mask"] if spec.masked else names
 
 
@@ -162,6 +169,7 @@ class DeployedActor(nn.Module):
         self.register_buffer("low", torch.tensor(spec.low, dtype=torch.float32))
         self.register_buffer("high", torch.tensor(spec.high, dtype=torch.float32))
         self.actor = copy.deepcopy(policy.actor)
+        self.memory = copy.deepcopy(policy.actor_memory)
         self.head = copy.deepcopy(policy.head)
         self.requires_grad_(False)  # inference only: outputs carry no autograd graph
 
@@ -170,29 +178,27 @@ class DeployedActor(nn.Module):
 
     def params(self, obs: Tensor | list[Tensor], action_mask: Tensor | None) -> Tensor:
         """The action head's distribution parameters for raw observations."""
+        mask = action_mask.to(torch.bool) if action_mask is not None else None
+        params: Tensor = self.head.forward(self.actor(self.rows(obs)), mask)
+        return params
+
+    def rows(self, obs: Tensor | list[Tensor]) -> Tensor:
+        """Raw observations as the policy's normalized rows. A structured observation's
+        entries are packed into the row ``SpaceSpec.split`` gives, and its float vectors
+        normalized as ``RunningMeanStd`` does a structured row."""
         if isinstance(obs, list):  # a structured observation's entries
-            return self.structured_params(obs, action_mask)
+            assert self.pack is not None
+            x = self.pack(obs)
+            if self.normalize:
+                width = self.vector_dim
+                vectors = (x[:, :width] - self.obs_mean) * self.obs_scale
+                vectors = vectors.clamp(-self.obs_clip, self.obs_clip)
+                x = torch.cat([vectors, x[:, width:]], 1)
+            return x
         x = obs.to(torch.float32).reshape(-1, self.obs_dim)
         if self.normalize:
             x = ((x - self.obs_mean) * self.obs_scale).clamp(-self.obs_clip, self.obs_clip)
-        mask = action_mask.to(torch.bool) if action_mask is not None else None
-        params: Tensor = self.head.forward(self.actor(x), mask)
-        return params
-
-    def structured_params(self, entries: list[Tensor], action_mask: Tensor | None) -> Tensor:
-        """``params`` of a structured observation: its entries packed into the row
-        ``SpaceSpec.split`` gives, its float vectors normalized as ``RunningMeanStd`` does
-        a structured row, then the policy's ``Structured`` encoder."""
-        assert self.pack is not None
-        x = self.pack(entries)
-        if self.normalize:
-            width = self.vector_dim
-            vectors = (x[:, :width] - self.obs_mean) * self.obs_scale
-            vectors = vectors.clamp(-self.obs_clip, self.obs_clip)
-            x = torch.cat([vectors, x[:, width:]], 1)
-        mask = action_mask.to(torch.bool) if action_mask is not None else None
-        params: Tensor = self.head.forward(self.actor(x), mask)
-        return params
+        return x
 
     def mode(self, params: Tensor) -> Tensor:
         """The deterministic env action of the parameters."""
@@ -202,6 +208,20 @@ class DeployedActor(nn.Module):
             actions = torch.minimum(torch.maximum(actions, self.low), self.high)
             actions = actions.reshape((-1, *self.env_action_shape))
         return actions
+
+
+class RecurrentActor(DeployedActor):
+    """``DeployedActor`` of a policy with memory: the actor's recurrent state in and out
+    (``state``, ``next_state``), one step per call."""
+
+    def forward(  # type: ignore[override]
+        self, obs: Tensor | list[Tensor], state: Tensor, action_mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        assert self.memory is not None
+        features = self.actor(self.rows(obs))
+        out, next_state = self.memory(features.unsqueeze(0), state)
+        mask = action_mask.to(torch.bool) if action_mask is not None else None
+        return self.mode(self.head.forward(out[0], mask)), next_state
 
 
 class SamplingActor(DeployedActor):
@@ -226,16 +246,26 @@ class EntryInputs(nn.Module):
         self.actor = actor
         self.entries = entries
         self.masked = masked
+        self.recurrent = isinstance(actor, RecurrentActor)
 
     def forward(self, *inputs: Tensor) -> Any:
-        mask = inputs[self.entries] if self.masked else None
-        return self.actor(list(inputs[: self.entries]), mask)
+        mask = inputs[-1] if self.masked else None
+        entries = list(inputs[: self.entries])
+        if self.recurrent:  # the state comes after the entries
+            return self.actor(entries, inputs[self.entries], mask)
+        return self.actor(entries, mask)
 
 
 def deployed(policy: Policy, sampling: bool = False) -> nn.Module:
-    """The module to trace: ``DeployedActor`` (``SamplingActor`` when ``sampling``), in an
-    ``EntryInputs`` for a structured observation."""
-    actor = (SamplingActor if sampling else DeployedActor)(policy).eval()
+    """The module to trace: ``DeployedActor`` (``SamplingActor`` when ``sampling``,
+    ``RecurrentActor`` for a policy with memory), in an ``EntryInputs`` for a structured
+    observation."""
+    if policy.actor_memory is not None:
+        if sampling:
+            raise ExportError("a policy with memory has no sampling export (the gateway's)")
+        actor: DeployedActor = RecurrentActor(policy).eval()
+    else:
+        actor = (SamplingActor if sampling else DeployedActor)(policy).eval()
     spec = policy.spec
     if not spec.obs_entries:
         return actor
@@ -288,13 +318,19 @@ def describe_io(policy: Policy) -> tuple[dict[str, str], dict[str, str]]:
         }
     else:
         inputs = {"obs": f"float32 {_shape(spec.obs_shape)}"}
+    memory = policy.actor_memory
+    if memory is not None:
+        inputs["state"] = f"float32 {_shape((memory.state_size,))}"
     if spec.masked:
         inputs["action_mask"] = f"bool {_shape((spec.mask_dim or 0,))}"
     if spec.action_kind == "box":
         output = f"float32 {_shape(spec.env_action_shape)}"
     else:
         output = f"int64 {_shape(spec.action_shape)}"
-    return inputs, {"action": output}
+    outputs = {"action": output}
+    if memory is not None:
+        outputs["next_state"] = f"float32 {_shape((memory.state_size,))}"
+    return inputs, outputs
 
 
 def _shape(dims: tuple[int, ...]) -> str:
@@ -342,7 +378,8 @@ def export_policy(
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         try:
             if fmt == "onnx":
-                _export_onnx(module, example, input_names(policy.spec), tmp, info)
+                names = input_names(policy.spec, policy.actor_memory is not None)
+                _export_onnx(module, example, names, tmp, info, tuple(outputs))
             else:
                 _export_torchscript(module, example, tmp, info)
             os.replace(tmp, target)
@@ -356,13 +393,15 @@ def export_policy(
 def _example_inputs(policy: Policy) -> tuple[Tensor, ...]:
     spec = policy.spec
     mask = (torch.ones((2, spec.mask_dim or 0), dtype=torch.bool),) if spec.masked else ()
+    memory = policy.actor_memory
+    state = (torch.zeros((2, memory.state_size)),) if memory is not None else ()
     if spec.obs_entries:
         entries = tuple(
             torch.zeros((2, *entry["shape"]), dtype=_torch_dtype(entry["dtype"]))
             for entry in spec.obs_entries
         )
-        return (*entries, *mask)
-    return (torch.zeros((2, *spec.obs_shape), dtype=torch.float32), *mask)
+        return (*entries, *state, *mask)
+    return (torch.zeros((2, *spec.obs_shape), dtype=torch.float32), *state, *mask)
 
 
 def _export_onnx(
@@ -380,6 +419,9 @@ def _export_onnx(
     # deprecated; that warning is not the user's concern, so it is silenced here.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
+        # A recurrent policy's LSTM or GRU: the exporter warns that a batch size other
+        # than the example's needs the initial states as inputs, which they are here.
+        warnings.filterwarnings("ignore", "Exporting a model to ONNX with a batch_size")
         torch.onnx.export(
             module,
             example,
