@@ -418,7 +418,7 @@ def test_recurrent_policies_are_refused_where_they_are_not_carried_yet(tmp_path:
     from trustrl.remote.external import learner_config
 
     config = trustrl.resolve("CartPole-v1", overrides={"policy": {"memory": "lstm"}})
-    with pytest.raises(ConfigError, match="external agents .* do not carry recurrent states"):
+    with pytest.raises(ConfigError, match=r"external agents .* do not carry recurrent states"):
         learner_config(config)
     spread = trustrl.resolve(
         "mpe2:simple_spread_v3",
