@@ -230,3 +230,41 @@ def test_trpo_and_multiagent_ppo_go_through_the_same_runners(
     rows = progress(tmp_path)
     assert [float(r["env_steps"]) for r in rows] == [envs * 16.0, 2 * envs * 16.0]
     assert all(r["loss_v"] not in ("", "nan") for r in rows)
+
+
+@pytest.mark.parametrize("async_collection", [False, True])
+def test_recurrent_policies_train_on_runners_with_their_chunk_states(
+    tmp_path: Path, async_collection: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each runner carries its rows' recurrent states; the joined batch's chunk-start
+    states line up with the chunks of the joined rows (acting/memory.py's order)."""
+    import dataclasses
+
+    import trustrl.run.trainer as trainer_module
+    from trustrl.acting.memory import chunk_layout
+
+    base = config(3, async_collection=async_collection)
+    recurrent = dataclasses.replace(
+        base,
+        policy=dataclasses.replace(base.policy, memory="gru", memory_size=8),
+        rollout=dataclasses.replace(base.rollout, sequence_length=8),
+    )
+    seen = []
+    absorb = trainer_module.absorb
+
+    def recording(*args: Any) -> Any:
+        rollouts = absorb(*args)
+        seen.extend(rollouts)
+        return rollouts
+
+    monkeypatch.setattr(trainer_module, "absorb", recording)
+    trainer = Trainer(recurrent, tmp_path)
+    trainer.train()
+    assert len(seen) == 3
+    for rollout in seen:
+        assert rollout.starts is not None and rollout.states is not None
+        chunks = len(chunk_layout(rollout.starts.numpy(), 8)[0])
+        assert rollout.states.shape == (chunks, trainer.policy.state_size)  # type: ignore[union-attr]
+        assert rollout.num_rows == 4
+    rows = progress(tmp_path)
+    assert len(rows) == 3 and all(float(r["loss_v"]) == float(r["loss_v"]) for r in rows)
