@@ -356,8 +356,8 @@ def test_bad_memory_settings_are_refused_naming_the_field() -> None:
         )
     spec = _spec()
     config = PolicyConfig(memory="gru")
-    with pytest.raises(ConfigError, match="multi-agent groups"):
-        Policy(spec, config, num_agents=2, agent_id=True)
+    with pytest.raises(ConfigError, match="per-agent actors"):
+        Policy(spec, config, num_agents=2, per_agent=True)
     # Without memory the sequence length is not checked (it has no effect).
     trustrl.resolve("CartPole-v1", overrides={"rollout": {"num_steps": 8}})
     assert replace(config, memory="none").memory == "none"
@@ -414,15 +414,83 @@ def test_export_steps_the_state_and_matches_act_over_whole_episodes(
     np.testing.assert_allclose(onnx_states, states[:, :actor_state], atol=TOLERANCE)
 
 
-def test_recurrent_policies_are_refused_where_they_are_not_carried_yet(tmp_path: Path) -> None:
+def test_recurrent_policies_are_refused_where_they_are_not_carried_yet() -> None:
     from trustrl.remote.external import learner_config
 
     config = trustrl.resolve("CartPole-v1", overrides={"policy": {"memory": "lstm"}})
     with pytest.raises(ConfigError, match=r"external agents .* do not carry recurrent states"):
         learner_config(config)
-    spread = trustrl.resolve(
-        "mpe2:simple_spread_v3",
-        overrides={"policy": {"memory": "gru"}, "run_dir": str(tmp_path), "quiet": True},
+
+
+# Multi-agent groups: one actor shared by the agents (with their ids), a global critic.
+
+
+def _scripted_rollout(steps: int) -> tuple[Any, Policy, Any]:
+    from tests.test_multiagent import SCRIPTED, rows_env
+
+    collector = Collector(rows_env(SCRIPTED, 2, "global"), 0, 0.9, num_steps=steps)
+    collector.sequence_length = 8
+    group = collector.groups[0]
+    torch.manual_seed(8)
+    config = PolicyConfig(hidden_sizes=(8,), memory="gru", memory_size=6)
+    policy = Policy(
+        group.spec, config, num_agents=group.num_agents, agent_id=True, critic_dim=group.critic_dim
     )
-    with pytest.raises(ConfigError, match="multi-agent envs take memory"):
-        trustrl.Trainer(spread)
+    return collector, policy, group
+
+
+def test_multiagent_rows_start_where_their_agent_is_back_and_terms_match_acting() -> None:
+    collector, policy, _ = _scripted_rollout(30)
+    for _ in range(2):
+        rollout, _ = collect(collector, policy, 30)
+        assert rollout.starts is not None
+        # The scripted env's observation is [agent, episode, step]: step 0 starts an
+        # episode, and only there does a row's state reset (agents that finished early
+        # wait, not alive, for the env's reset step).
+        np.testing.assert_array_equal(rollout.starts.numpy(), rollout.obs[..., 2].numpy() == 0)
+        rollout.sequence_length = 8
+        batch = rollout.chunks()
+        with torch.no_grad():
+            params = policy.dist_params(batch.obs, None, batch.agent, sequences=batch.sequences)
+            logprob = policy.head.log_prob(params, batch.actions)
+            values = policy.value_raw(
+                batch.obs, batch.critic_obs, batch.agent, sequences=batch.sequences
+            )
+        rows = batch.loss_rows
+        assert int(rows.sum()) == int(rollout.valid.sum())
+        torch.testing.assert_close(logprob[rows], batch.logprob[rows], atol=1e-5, rtol=0)
+        torch.testing.assert_close(values[rows], batch.values[rows], atol=1e-5, rtol=0)
+
+
+def test_mappo_with_memory_trains_resumes_and_evaluates(tmp_path: Path) -> None:
+    from tests.test_multiagent import SCRIPTED, SPREAD, table
+    from trustrl.config import config_from_dict
+    from trustrl.learner.policy import MultiAgentPolicy
+    from trustrl.run.evaluation import evaluate_parallel
+
+    memory = {
+        "policy": {"hidden_sizes": [16], "memory": "gru", "memory_size": 8},
+        "rollout": {"num_steps": 30, "sequence_length": 10},
+        "multiagent": {"actor": "shared", "agent_id": True, "critic_input": "agent_centric"},
+        "total_steps": 240,
+    }
+    whole = trustrl.Trainer(config_from_dict(table(SPREAD, tmp_path / "a", **memory)))
+    whole.train()
+    config = config_from_dict(table(SPREAD, tmp_path / "b", **memory))
+    trustrl.Trainer(config).train(iterations=2)
+    resumed = trustrl.Trainer(config, tmp_path / "b", resume=True)
+    resumed.train()
+    for (name, x), y in zip(
+        whole.policy.state_dict().items(), resumed.policy.state_dict().values(), strict=True
+    ):
+        if resumed.envs_restored:
+            assert torch.equal(x, y), name
+    policy = whole.policy
+    assert isinstance(policy, MultiAgentPolicy) and policy.state_size
+    returns, lengths, _ = evaluate_parallel(policy, SPREAD, 2)
+    assert len(returns) == 2 and all(math.isfinite(r) for r in returns)
+    # Agents that finish early keep their states apart from the others'.
+    _, scripted_policy, group = _scripted_rollout(4)
+    scripted = MultiAgentPolicy([group], [scripted_policy])
+    returns, lengths, _ = evaluate_parallel(scripted, SCRIPTED, 2)
+    assert lengths == [4, 4]

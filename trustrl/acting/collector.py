@@ -273,14 +273,20 @@ class _GroupRollout:
         raw.truncated[t] = step.truncated
         if step.continues is not None:
             raw.continues[t] = step.continues
+        was_alive = lane.alive
         lane.observe(observed)
         if step.dropped is not None:
             _drop(lane, raw, t, step.dropped)
         # The step after a reset step starts an episode: step t was one where the row's
-        # episode ended at t - 1 (at t = 0: in the last rollout, or dropped just now).
-        lane.starting = (
-            lane.resetting.copy() if t == 0 else raw.terminated[t - 1] | raw.truncated[t - 1]
-        )
+        # episode ended at t - 1 (at t = 0: in the last rollout, or dropped just now). A
+        # multi-agent row starts where its agent is back (alive again, after the env's
+        # reset step: it may have finished long before the others).
+        if lane.alive is not None and was_alive is not None:
+            lane.starting = lane.alive & ~was_alive
+        else:
+            lane.starting = (
+                lane.resetting.copy() if t == 0 else raw.terminated[t - 1] | raw.truncated[t - 1]
+            )
 
 
 class Collector(Runner):
@@ -394,7 +400,7 @@ class Collector(Runner):
             states = acting.states[firsts, rows]
             # The bootstrap: the next step's state (zeros where an episode starts there).
             state = np.where(lane.starting[:, None], np.float32(0.0), lane.state)
-            last_value = inference.value_recurrent(x, state)
+            last_value = inference.value_recurrent(x, state, critic_x, lane.agent)
         else:
             last_value = inference.value(x, critic_x, lane.agent)
         return GroupBatch(
@@ -443,7 +449,7 @@ class Collector(Runner):
             rollout.acting,
         )
         critic_row = view["critic_obs"][t] if "critic_obs" in view else None
-        x, _ = self._inputs(lane, inference, train, view["obs"][t], critic_row)
+        x, critic_x = self._inputs(lane, inference, train, view["obs"][t], critic_row)
         if inference.state_size:
             if lane.state.shape[1] != inference.state_size:  # the first recurrent rollout
                 lane.state = np.zeros((len(lane.agent), inference.state_size), np.float32)
@@ -452,7 +458,7 @@ class Collector(Runner):
             acting.states[t] = lane.state
             assert acting.values is not None
             actions, acting.out[t], acting.values[t], lane.state = inference.act_recurrent(
-                x, lane.mask, acting.noise[t], lane.state
+                x, lane.mask, acting.noise[t], lane.state, critic_x, lane.agent
             )
         elif acting.values is not None:
             actions, acting.out[t], acting.values[t] = inference.act_valued(

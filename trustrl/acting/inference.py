@@ -161,33 +161,46 @@ class Inference:
         mask: np.ndarray | None,
         noise: np.ndarray | None,
         state: np.ndarray,
+        critic_x: np.ndarray | None = None,
+        agent: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """A recurrent policy's step (``policy.memory``) on normalized observations from
         the rows' states (rows, state_size): (actions, head outputs, values in return
-        units, next states). ``noise`` None: the deterministic actions."""
+        units, next states). ``noise`` None: the deterministic actions. ``critic_x`` and
+        ``agent`` as ``value`` takes them (a multi-agent group's rows)."""
         actor_memory = self.actor_memory
         assert actor_memory is not None
         split = actor_memory.state_size
-        features, next_state = actor_memory(self.actor(x), state[:, :split])
+        features, next_state = actor_memory(self.actor(self._with_id(x, agent)), state[:, :split])
         out = self.head_linear(features)
         if self.critic_memory is None:  # the value layer reads the actor's core
             raw = self.value_linear(features)[:, 0]
         else:
-            critic_features, critic_state = self.critic_memory(self.critic(x), state[:, split:])
+            critic_in = self._with_id(critic_x if critic_x is not None else x, agent)
+            critic_features, critic_state = self.critic_memory(
+                self.critic(critic_in), state[:, split:]
+            )
             raw = self.value_linear(critic_features)[:, 0]
             next_state = np.concatenate([next_state, critic_state], 1)
-        actions = self.head.act(out, mask, noise, None)
+        actions = self.head.act(out, mask, noise, agent)
         return actions, out, self._return_units(raw), next_state
 
-    def value_recurrent(self, x: np.ndarray, state: np.ndarray) -> np.ndarray:
+    def value_recurrent(
+        self,
+        x: np.ndarray,
+        state: np.ndarray,
+        critic_x: np.ndarray | None = None,
+        agent: np.ndarray | None = None,
+    ) -> np.ndarray:
         """A recurrent critic's values of normalized observations seen from ``state``."""
         actor_memory = self.actor_memory
         assert actor_memory is not None
         split = actor_memory.state_size
         if self.critic_memory is None:
-            features, _ = actor_memory(self.actor(x), state[:, :split])
+            features, _ = actor_memory(self.actor(self._with_id(x, agent)), state[:, :split])
         else:
-            features, _ = self.critic_memory(self.critic(x), state[:, split:])
+            critic_in = self._with_id(critic_x if critic_x is not None else x, agent)
+            features, _ = self.critic_memory(self.critic(critic_in), state[:, split:])
         return self._return_units(self.value_linear(features)[:, 0])
 
     def mode(

@@ -289,10 +289,10 @@ class Policy(nn.Module):
         # The memory core (policy.memory): between each side's encoder and its output layer.
         self.actor_memory: Memory | None = None
         self.critic_memory: Memory | None = None
-        if config.memory != "none" and (per_agent or agent_id or critic_dim is not None):
+        if config.memory != "none" and per_agent:
             raise ConfigError(
-                f"policy.memory = {config.memory!r}: multi-agent groups (per-agent actors, "
-                'agent ids, a global-state critic) take memory = "none" for now'
+                f"policy.memory = {config.memory!r}: per-agent actors (multiagent.actor = "
+                '"per_agent") take memory = "none" for now; a shared actor takes memory'
             )
         if per_agent:
             self.actor = build_encoder(entries, spec.obs_dim, settings, num_agents)
@@ -418,9 +418,9 @@ class Policy(nn.Module):
             if features is None:
                 features = self.features(obs, agent, sequences)
             return self.critic[1](features).squeeze(-1)
-        x = critic_obs if critic_obs is not None else obs
+        x = self._with_id(critic_obs if critic_obs is not None else obs, agent)
         if self.critic_memory is None:
-            return self.critic(self._with_id(x, agent)).squeeze(-1)
+            return self.critic(x).squeeze(-1)
         offset = self.actor_memory.state_size if self.actor_memory is not None else 0
         x, _ = self._remember(self.critic_memory, self.critic[0](x), sequences, offset)
         return self.critic[1](x).squeeze(-1)
@@ -465,17 +465,24 @@ class Policy(nn.Module):
         memory = self.critic_memory
         return [*self.critic.parameters(), *(memory.parameters() if memory is not None else ())]
 
-    def next_state(self, obs: Tensor, state: Tensor) -> Tensor:
+    def next_state(
+        self,
+        obs: Tensor,
+        state: Tensor,
+        critic_obs: Tensor | None = None,
+        agent: Tensor | None = None,
+    ) -> Tensor:
         """The rows' recurrent states after one step on normalized ``obs`` (B, obs_dim)
         from ``state`` (B, state_size): the actor memory's, then the critic's."""
         sequences = Sequences(state, 1)
         finals = []
         if self.actor_memory is not None:
-            x = self.actor(obs)
+            x = self.actor(self._with_id(obs, agent))
             finals.append(self._remember(self.actor_memory, x, sequences, 0)[1])
         if self.critic_memory is not None:
             offset = finals[0].shape[1] if finals else 0
-            x = self.critic[0](obs)
+            critic_in = self._with_id(critic_obs if critic_obs is not None else obs, agent)
+            x = self.critic[0](critic_in)
             finals.append(self._remember(self.critic_memory, x, sequences, offset)[1])
         return torch.cat(finals, 1)
 
@@ -690,12 +697,22 @@ class MultiAgentPolicy(nn.Module):
             policies.append(policy)
         return cls(groups, policies)
 
+    @property
+    def state_size(self) -> int:
+        """Columns of one agent's recurrent state (0: no memory)."""
+        return max(p.state_size for p in self.members)
+
     @torch.inference_mode()
     def act(
         self, observations: dict[str, Any], deterministic: bool = True, state: Any = None
-    ) -> dict[str, Any]:
-        """Actions for the agents present in ``observations`` (a PettingZoo obs dict)."""
+    ) -> Any:
+        """Actions for the agents present in ``observations`` (a PettingZoo obs dict).
+
+        With memory (``policy.memory``) the answer is ``(actions, states)``: ``state`` is
+        the dict of each agent's state from the last call (None, or an agent missing from
+        it: zeros, an episode's start)."""
         actions: dict[str, Any] = {}
+        states: dict[str, np.ndarray] = {}
         for group, policy in zip(self.groups, self.members, strict=True):
             present = [a for a in group.agents if a in observations]
             if not present:
@@ -718,11 +735,30 @@ class MultiAgentPolicy(nn.Module):
             agent = torch.tensor([group.agents.index(a) for a in present])
             x = policy.normalize(torch.as_tensor(flat))
             mask_t = torch.as_tensor(mask) if mask is not None else None
-            params = policy.dist_params(x, mask_t, agent)
+            sequences = None
+            if policy.state_size:
+                given = state or {}
+                rows = [given.get(a) for a in present]
+                before = torch.as_tensor(
+                    np.stack(
+                        [np.zeros(policy.state_size, np.float32) if r is None else r for r in rows]
+                    ).astype(np.float32)
+                )
+                sequences = Sequences(before, 1)
+                # Acting advances the actor's columns; the critic's (it reads a global
+                # state, not at hand here) stay as they were.
+                memory = policy.actor_memory
+                assert memory is not None
+                features = policy.actor(policy._with_id(x, agent))
+                _, actor_after = policy._remember(memory, features, sequences, 0)
+                after = before.clone()
+                after[:, : memory.state_size] = actor_after
+                states.update(zip(present, after.numpy(), strict=True))
+            params = policy.dist_params(x, mask_t, agent, sequences=sequences)
             chosen = policy.head.mode(params) if deterministic else policy.head.sample(params)
             for a, action in zip(present, group.spec.to_env(chosen.numpy()), strict=True):
                 actions[a] = action
-        return actions
+        return (actions, states) if self.state_size else actions
 
 
 def check_agents(policy: MultiAgentPolicy, env: Any, env_id: str) -> None:

@@ -200,12 +200,17 @@ def play_parallel_episode(
     observations, _ = env.reset(seed=seed)
     totals = dict.fromkeys(env.possible_agents, 0.0)
     length = 0
+    states: dict[str, np.ndarray] = {}  # each agent's recurrent state (policy.memory)
     if after_step is not None:
         after_step()
     while env.agents:
         # Only agents still in the episode act (finished ones may still be in the
         # observation dict of the step that ended them).
-        actions = policy.act({a: observations[a] for a in env.agents}, deterministic)
+        present = {a: observations[a] for a in env.agents}
+        if policy.state_size:
+            actions, states = policy.act(present, deterministic, states)
+        else:
+            actions = policy.act(present, deterministic)
         observations, rewards, _, _, _ = env.step(actions)
         for agent, reward in rewards.items():
             totals[agent] += float(reward)

@@ -28,7 +28,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from trustrl.acting.collector import make_collector
-from trustrl.config import Config, ConfigError, config_from_dict, config_to_dict
+from trustrl.config import Config, config_from_dict, config_to_dict
 from trustrl.contract import CollectionStopped, EpisodeStats, PolicySnapshot, RolloutBatch, Runner
 from trustrl.envs.rows import AgentGroup, NonFiniteError
 from trustrl.learner.policy import MultiAgentPolicy, Policy
@@ -669,11 +669,6 @@ def build_policies(config: Config, groups: list[AgentGroup]) -> list[Policy]:
     """One policy per agent group, as ``config`` describes it (weights from torch's
     global generator: seed it first)."""
     ma = config.multiagent
-    if config.policy.memory != "none" and [g.agents for g in groups] != [("",)]:
-        raise ConfigError(
-            f"policy.memory = {config.policy.memory!r}: multi-agent envs take "
-            'memory = "none" for now (recurrent policies train single-agent envs)'
-        )
     return [
         Policy(
             group.spec,
