@@ -76,6 +76,13 @@ DEFAULTS: dict[str, Any] = {
     "clip_reward": False,
     "share_encoder": False,
     "cnn": None,
+    # Memory (case 9): "lstm" is sb3-contrib's RecurrentPPO with an LSTM of memory_size
+    # units for the actor and the critic each (enable_critic_lstm), trained on sequences of
+    # the whole rollout per env; trustrl's policy.memory = "lstm", sequence_length =
+    # num_steps. The order differs: RecurrentPPO runs the LSTM on the observation and its
+    # net_arch after it, trustrl its encoder (hidden_sizes) first; the sizes are the same.
+    "memory": "none",
+    "memory_size": 64,
     # trustrl only (SB3's worker sets torch.set_num_threads(1) itself).
     "torch_threads": 1,
     # TRPO only.
@@ -272,6 +279,37 @@ CASES: dict[int, dict[str, Any]] = {
         "rollout_memory": True,
         "quick_steps": 2_048,
     },
+    9: {
+        "title": "Recurrent PPO (LSTM), velocity-masked CartPole, 8 sync envs x 32, time until "
+        "the last-20-episode mean >= 475",
+        "peer": "sb3-contrib",
+        "peer_name": "sb3-contrib RecurrentPPO",
+        "threshold": {"return": 475.0, "window": 20},
+        "settings": {
+            # examples/masked.py: CartPole-v1's positions only (the zoo's CartPoleNoVel-v1),
+            # with the zoo's RecurrentPPO settings for it (lr and clip annealed, 20 epochs
+            # of one 256-row minibatch, observations normalized, ReLU, no orthogonal init).
+            "env_id": "examples.masked:cartpole",
+            "num_envs": 8,
+            "num_steps": 32,
+            "gamma": 0.98,
+            "gae_lambda": 0.8,
+            "learning_rate": 1e-3,
+            "anneal_lr": True,
+            "clip_coef": 0.2,
+            "anneal_clip": True,
+            "update_epochs": 20,
+            "num_minibatches": 1,
+            "normalize_obs": True,
+            "hidden_sizes": [64],
+            "activation": "relu",
+            "ortho_init": False,
+            "memory": "lstm",
+            "memory_size": 64,
+            "total_steps": 100_000,  # a budget: the run stops once the threshold is met
+        },
+        "quick_steps": 2_048,
+    },
 }
 
 
@@ -327,8 +365,12 @@ def trustrl_table(s: dict[str, Any], seed: int, run_dir: str) -> dict[str, Any]:
             "activation": s["activation"],
             "ortho_init": s["ortho_init"],
             "share_encoder": s["share_encoder"],
+            "memory": s["memory"],
+            "memory_size": s["memory_size"],
         },
     }
+    if s["memory"] != "none":  # RecurrentPPO's sequences: each env's whole rollout
+        table["rollout"]["sequence_length"] = s["num_steps"]
     if s["algo"] == "ppo":
         table["ppo"] = {
             "learning_rate": s["learning_rate"],
@@ -341,8 +383,9 @@ def trustrl_table(s: dict[str, Any], seed: int, run_dir: str) -> dict[str, Any]:
             "vf_coef": s["vf_coef"],
             "max_grad_norm": s["max_grad_norm"],
             # The documented speed-up for a machine with a core to spare (a benchmark
-            # pair runs alone on it): docs/performance.md.
-            "critic_process": True,
+            # pair runs alone on it): docs/performance.md. The numpy gradients' (not a
+            # recurrent policy's).
+            "critic_process": s["memory"] == "none",
         }
     else:
         table["trpo"] = {
@@ -399,6 +442,13 @@ def sb3_setup(s: dict[str, Any], seed: int) -> dict[str, Any]:
         "log_std_init": 0.0,
     }
     policy = "MlpPolicy"
+    if s["memory"] == "lstm":
+        policy = "MlpLstmPolicy"
+        policy_kwargs.update(
+            lstm_hidden_size=s["memory_size"], enable_critic_lstm=True, shared_lstm=False
+        )
+    elif s["memory"] != "none":
+        raise ValueError(f"sb3-contrib's RecurrentPPO has an LSTM only, not {s['memory']!r}")
     if s["cnn"] is not None:
         if s["algo"] != "ppo" or not s["share_encoder"]:
             raise ValueError("the image cases are PPO with the encoder shared (CnnPolicy's)")
@@ -455,7 +505,7 @@ def sb3_setup(s: dict[str, Any], seed: int) -> dict[str, Any]:
             "max_grad_norm": s["max_grad_norm"],
             "target_kl": None,
         }
-        algo = "PPO"
+        algo = "RecurrentPPO" if s["memory"] != "none" else "PPO"
     else:
         kwargs = {
             **common,

@@ -310,6 +310,18 @@ def checks(case_id: int, m: dict[str, Any]) -> list[dict[str, Any]]:
         )
     elif case_id == 5:
         add("SPS >= 3x sb3-contrib", fmt_ratio(r), at_least(r, 3.0))
+    elif case_id == 9:
+        add("in-learn SPS >= 3x RecurrentPPO", fmt_ratio(r), at_least(r, 3.0))
+        tr = m["threshold_time_ratio_median"]
+        times = m["threshold_time"]
+        reached = all(t is not None for t in times["trustrl"] + times["sb3"])
+        add(
+            "wall time to 475 <= 1/3 of RecurrentPPO's",
+            fmt_ratio(tr)
+            + f" ({fmt(median(times['trustrl']), 1)} s vs {fmt(median(times['sb3']), 1)} s)"
+            + ("" if reached else " (not every run reached 475)"),
+            None if tr is None else (tr <= 1 / 3 and reached),
+        )
     elif case_id in (7, 8):
         goal = {7: 1.2, 8: 3.0}[case_id]
         add(f"in-learn SPS >= {goal:g}x SB3", fmt_ratio(r), at_least(r, goal))
@@ -393,7 +405,7 @@ def main_table(results: dict[int, dict[str, Any]]) -> list[list[str]]:
             [
                 f"{case_id}",
                 fmt(med_of(m, "sps", "trustrl")),
-                PEER_NAMES.get(peer, "-") if peer else "-",
+                cases.CASES[case_id].get("peer_name", PEER_NAMES.get(peer, "-")) if peer else "-",
                 fmt(med_of(m, "sps", "sb3")) if peer else "-",
                 fmt_list(m["sps_ratio"], 2, "x") if peer else "-",
                 fmt_ratio(m["sps_ratio_median"]) if peer else "-",

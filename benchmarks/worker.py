@@ -23,6 +23,9 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The repository's examples (case 9's env, examples/masked.py); appended, so that the
+# trustrl measured is still the one PYTHONPATH names.
+sys.path.append(str(Path(__file__).resolve().parent.parent))
 import cases  # noqa: E402
 
 # The env-only ceiling steps as many env steps as the case trains (a 2-second window swung
@@ -360,6 +363,11 @@ def sb3_vec_env(s: dict[str, Any], setup: dict[str, Any], seed: int) -> Any:
         )
         env = VecFrameStack(env, n_stack=spec["frame_stack"])
     else:
+        if ":" in env_id:  # package.module:callable, as trustrl takes it (examples/masked.py)
+            import importlib
+
+            module, _, name = env_id.partition(":")
+            env_id = getattr(importlib.import_module(module), name)
         env = make_vec_env(
             env_id,
             n_envs=s["num_envs"],
@@ -433,6 +441,8 @@ def run_sb3(job: dict[str, Any]) -> dict[str, Any]:
     Algo: Any
     if setup["algo"] == "PPO":  # sb3-contrib only where it is the peer (peak RSS)
         from stable_baselines3 import PPO as Algo
+    elif setup["algo"] == "RecurrentPPO":
+        from sb3_contrib import RecurrentPPO as Algo
     else:
         from sb3_contrib import TRPO as Algo
 

@@ -156,11 +156,13 @@ def test_evaluation_envs_play_whole_games_serving_after_each_lost_life() -> None
 class _Noop:
     """evaluation._Actor's place: NOOP for every row."""
 
+    state_size = 0  # no memory
+
     def __init__(self, policy: Any, deterministic: bool, seed: int) -> None:
         pass
 
-    def __call__(self, obs: np.ndarray, mask: Any) -> np.ndarray:
-        return np.zeros(len(obs), dtype=np.int64)
+    def __call__(self, obs: np.ndarray, mask: Any, state: np.ndarray) -> Any:
+        return np.zeros(len(obs), dtype=np.int64), state
 
 
 @needs_ale
@@ -346,7 +348,7 @@ def test_videos_record_the_consoles_frames(
 
     from trustrl.run.video import record
 
-    noop = SimpleNamespace(act=lambda obs, deterministic, mask=None: 0)
+    noop = SimpleNamespace(act=lambda obs, deterministic, mask=None: 0, state_size=0)
     recording = record(noop, env_id, tmp_path / "v", episodes=1, env_kwargs=kwargs)
     clip = VideoFileClip(str(recording.videos[0]))
     try:

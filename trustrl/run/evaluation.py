@@ -101,7 +101,7 @@ def evaluate(
             slots = dict(zip(running, envs, strict=False))
             current = {i: slots[i].reset(seed=seed + i) for i in running}
             # Each episode's recurrent state (policy.memory; no columns without): zeros first.
-            states = {i: np.zeros(act.inference.state_size, np.float32) for i in running}
+            states = {i: np.zeros(act.state_size, np.float32) for i in running}
             while running:
                 obs = [current[i][0] for i in running]
                 masks = [current[i][1].get("action_mask") for i in running]
@@ -145,6 +145,7 @@ class _Actor:
 
     def __init__(self, policy: Policy, deterministic: bool, seed: int) -> None:
         self.inference = Inference.of(policy)
+        self.state_size = self.inference.state_size  # columns of a recurrent state (0: none)
         self.spec = policy.spec
         self.deterministic = deterministic
         self.rng = np.random.default_rng(seed)  # the draws of a stochastic evaluation
