@@ -211,7 +211,13 @@ class Served:
     loopback port; stops with ``stop()``."""
 
     def __init__(
-        self, run_dir: Path, *, env_id: str | None = None, train: bool = True, **inbox: Any
+        self,
+        run_dir: Path,
+        *,
+        env_id: str | None = None,
+        train: bool = True,
+        overrides: dict[str, Any] | None = None,
+        **inbox: Any,
     ) -> None:
         from trustrl.remote.external import (
             ExternalRunner,
@@ -228,7 +234,9 @@ class Served:
         config_file = run_dir.parent / f"{run_dir.name}.toml"
         config_file.write_text(APP)
         config = trustrl.resolve(
-            env_id or "app", config_file=None if env_id else config_file, overrides={"quiet": True}
+            env_id or "app",
+            config_file=None if env_id else config_file,
+            overrides={"quiet": True, **(overrides or {})},
         )
         config, _ = learner_config(config)
         groups = external_groups(config)
@@ -349,6 +357,36 @@ def test_thin_agents_acting_with_the_onnx_model_train_the_learner(
         assert learner.gateway.senders["thin"] == sent["ACCEPTED"]
     finally:
         client.close()
+
+
+def test_a_recurrent_learner_takes_full_chunks_with_states_and_refuses_thin_ones(
+    served: Callable[..., Served],
+) -> None:
+    """policy.memory over the gateway: the Python client sends its chunks with the states
+    it acted from, and the learner trains on them; a thin chunk (the learner would have to
+    replay the agent's recurrence) is refused, naming what is missing."""
+    memory = {"policy": {"memory": "gru", "memory_size": 8}, "rollout": {"sequence_length": 8}}
+    learner = served(overrides=memory)
+    token = credentials.add(learner.gateway.credentials.path.parent, "py")
+    agent = trustrl.Agent.connect(learner.url, token=token, seed=0)
+    client = Client(learner.url)
+    rng = np.random.default_rng(0)
+    try:
+        while learner.trainer.iteration < 2:
+            action = agent.act(rng.normal(size=3))
+            for _ in range(int(rng.integers(1, 30))):  # the reward: 1 for action 1
+                action = agent.act(rng.normal(size=3), reward=float(action == 1))
+            agent.end_episode(float(action == 1))
+        version = client("Status", pb.StatusRequest(), token).version
+        thin = thin_chunk(rng, version, 0)
+        reply = client("Submit", pb.SubmitRequest(chunks=[thin]), token)
+        result = reply.results[0]
+        assert result.outcome == pb.REFUSED and result.reason == "missing_array"
+        assert "policy has memory" in result.error
+    finally:
+        agent.close(flush_timeout=0)
+        client.close()
+    assert learner.trainer.iteration >= 2
 
 
 def test_an_address_other_than_loopback_needs_tls_or_insecure(

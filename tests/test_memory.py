@@ -414,14 +414,6 @@ def test_export_steps_the_state_and_matches_act_over_whole_episodes(
     np.testing.assert_allclose(onnx_states, states[:, :actor_state], atol=TOLERANCE)
 
 
-def test_recurrent_policies_are_refused_where_they_are_not_carried_yet() -> None:
-    from trustrl.remote.external import learner_config
-
-    config = trustrl.resolve("CartPole-v1", overrides={"policy": {"memory": "lstm"}})
-    with pytest.raises(ConfigError, match=r"external agents .* do not carry recurrent states"):
-        learner_config(config)
-
-
 # Multi-agent groups: one actor shared by the agents (with their ids), a global critic.
 
 
@@ -494,3 +486,95 @@ def test_mappo_with_memory_trains_resumes_and_evaluates(tmp_path: Path) -> None:
     scripted = MultiAgentPolicy([group], [scripted_policy])
     returns, lengths, _ = evaluate_parallel(scripted, SCRIPTED, 2)
     assert lengths == [4, 4]
+
+
+# External agents: Agent carries each episode's state, chunks carry their states.
+
+
+def test_agents_carry_states_and_the_learner_trains_on_what_they_acted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trustrl.run.trainer as trainer_module
+    from trustrl.client.agent import Agent
+
+    seen: list[Any] = []
+    absorb = trainer_module.absorb
+
+    def recording(policies: Any, batch: Any, *args: Any) -> Any:
+        # At absorb time the learner's weights are still those of batch.version's snapshot
+        # (the first batches: version 0 and on, one update each).
+        rollouts = absorb(policies, batch, *args)
+        policy = policies[0]
+        for rollout in rollouts:
+            chunks = rollout.chunks()
+            with torch.no_grad():
+                params = policy.dist_params(chunks.obs, None, sequences=chunks.sequences)
+                logprob = policy.head.log_prob(params, chunks.actions)
+                values = policy.value_raw(chunks.obs, sequences=chunks.sequences)
+            rows = chunks.loss_rows
+            seen.append(
+                (
+                    float((logprob[rows] - chunks.logprob[rows]).abs().max()),
+                    float((values[rows] - chunks.values[rows]).abs().max()),
+                )
+            )
+        return rollouts
+
+    monkeypatch.setattr(trainer_module, "absorb", recording)
+    overrides = {
+        "quiet": True,
+        "seed": 1,
+        "total_steps": 3 * 64,
+        "eval_episodes": 0,
+        "env": {"num_envs": 2},
+        "rollout": {"num_steps": 32, "sequence_length": 8},
+        "policy": {"memory": "gru", "memory_size": 8, "hidden_sizes": [16]},
+        "agent": {"max_chunk_length": 20},  # chunks cut mid-episode carry the state on
+    }
+    config = trustrl.resolve("CartPole-v1", overrides=overrides)
+    agent = Agent.local(config, tmp_path / "run", seed=1)
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=1)
+    action = agent.act(obs)
+    steps = 0
+    while not agent.status()["finished"] and steps < 5_000:
+        obs, reward, terminated, truncated, _ = env.step(action)
+        steps += 1
+        if terminated or truncated:
+            agent.end_episode(float(reward), truncated=truncated and not terminated)
+            obs, _ = env.reset()
+            action = agent.act(obs)
+        else:
+            action = agent.act(obs, reward=float(reward))
+    trainer = agent.learner
+    agent.close()
+    assert trainer.outcome == "finished", trainer.outcome
+    assert len(seen) == 3
+    # Agent.local's learner runs in step with its agent: every batch was acted with the
+    # weights the learner holds when it takes it in, so the learner's recomputation from
+    # the states the agent sent equals what the agent acted with.
+    for logprob_gap, value_gap in seen:
+        assert logprob_gap < 1e-5 and value_gap < 1e-5
+
+
+def test_a_chunk_of_a_recurrent_policy_needs_its_states() -> None:
+    from tests.test_external import chunk, group
+    from trustrl.remote.external import learner_info
+    from trustrl.remote.wire import ChunkError, decode_chunk, encode_chunk
+
+    groups = [group()]
+    memory = {"state_size": 12, "sequence_length": 4}
+    plain = encode_chunk(chunk(10))
+    with pytest.raises(ChunkError, match="states missing") as info:
+        decode_chunk(plain, groups, memory=memory)
+    assert info.value.reason == "missing_array"
+    wrong = encode_chunk(replace(chunk(10), states=np.zeros((2, 12), np.float32)))
+    with pytest.raises(ChunkError, match="states"):
+        decode_chunk(wrong, groups, memory=memory)
+    right = encode_chunk(replace(chunk(10), states=np.ones((3, 12), np.float32)))
+    _, decoded = decode_chunk(right, groups, memory=memory)
+    assert decoded.states is not None and decoded.states.shape == (3, 12)
+    with pytest.raises(ChunkError, match="unknown arrays"):
+        decode_chunk(right, groups)  # a learner without memory takes no states
+    config = trustrl.resolve("CartPole-v1", overrides={"policy": {"memory": "lstm"}})
+    assert learner_info(config, groups)["memory"] == {"state_size": 256, "sequence_length": 16}

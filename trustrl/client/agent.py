@@ -114,6 +114,9 @@ class _Episode:
     noise: list[np.ndarray] = field(default_factory=list)
     masks: list[np.ndarray] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)  # scaled, one per finished step
+    # A recurrent policy's: the state each step was acted from, and each step's value.
+    states: list[np.ndarray] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
 
 
 class Agent:
@@ -156,6 +159,12 @@ class Agent:
                 f"({self.queue_size}) must be >= 1"
             )
         self.gamma = float(info["gamma"])
+        # A recurrent policy (external.memory_info): the state carried from step to step of
+        # an episode (None: zeros, an episode's start), sent at a chunk's first step and
+        # every sequence_length steps after.
+        memory = info.get("memory")
+        self.sequence_length = int(memory["sequence_length"]) if memory else 0
+        self.state: np.ndarray | None = None
         self.reward_scaler = (
             MeanStd((), clip=float(info["reward_clip"])) if info["normalize_reward"] else None
         )
@@ -327,9 +336,17 @@ class Agent:
         x = self._normalize(inference, raw)
         allowed = self._mask(mask)
         noise = inference.noise(self.rng, 1, self.agent_index)[0]
-        action, out = inference.act(
-            x[None], allowed[None] if allowed is not None else None, noise, self.agent_index
-        )
+        allowed_rows = allowed[None] if allowed is not None else None
+        if inference.state_size:
+            state = self._state(inference)
+            episode.states.append(state)
+            action, out, value, after = inference.act_recurrent(
+                x[None], allowed_rows, noise, state[None], None, self.agent_index
+            )
+            episode.values.append(float(value[0]))
+            self.state = after[0]
+        else:
+            action, out = inference.act(x[None], allowed_rows, noise, self.agent_index)
         episode.obs.append(x)
         episode.raw.append(raw)
         episode.actions.append(action[0])
@@ -355,6 +372,7 @@ class Agent:
             bootstrap = self._value(episode.inference, last)
         self._ship_chunk(episode, "truncated" if truncated else "terminated", bootstrap)
         self.episode = None
+        self.state = None  # the next episode starts from zeros
         self.discounted = 0.0
         self.episode_return, self.episode_length = 0.0, 0
 
@@ -514,8 +532,18 @@ class Agent:
         return norm.normalize_array(raw[None])[0]
 
     def _value(self, inference: Inference, raw: np.ndarray) -> float:
+        """V(``raw``): a bootstrap; a recurrent critic's seen from the state now."""
         x = self._normalize(inference, raw)
+        if inference.state_size:
+            state = self._state(inference)[None]
+            return float(inference.value_recurrent(x[None], state, None, self.agent_index)[0])
         return float(inference.value(x[None], None, self.agent_index)[0])
+
+    def _state(self, inference: Inference) -> np.ndarray:
+        """The recurrent state the next step acts from (zeros at an episode's start)."""
+        if self.state is None or len(self.state) != inference.state_size:
+            self.state = np.zeros(inference.state_size, np.float32)
+        return self.state
 
     def _begin(self) -> _Episode:
         """A new chunk, on the newest snapshot this agent holds."""
@@ -534,7 +562,12 @@ class Agent:
         logprob = inference.log_prob(
             np.stack(episode.outs), actions, masks, np.stack(episode.noise), agent
         ).astype(np.float32)
-        values = inference.value(obs, None, agent).astype(np.float32)
+        states = None
+        if inference.state_size:  # values as acted, states every sequence_length steps
+            values = np.asarray(episode.values, np.float32)
+            states = np.stack(episode.states[:: self.sequence_length]).astype(np.float32)
+        else:
+            values = inference.value(obs, None, agent).astype(np.float32)
         ended = ending != "cut"
         chunk = Chunk(
             agent=self.agent,
@@ -555,6 +588,7 @@ class Agent:
             else None,
             episode_return=self.episode_return if ended else None,
             episode_length=self.episode_length if ended else None,
+            states=states,
         )
         self.seq += 1
         data = encode_chunk(chunk)

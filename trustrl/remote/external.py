@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from trustrl.acting.memory import chunk_layout, state_size
 from trustrl.config import Config, ConfigError
 from trustrl.contract import (
     CollectionStopped,
@@ -88,14 +89,7 @@ def spec_of(config: Config) -> SpaceSpec:
 
 def learner_config(config: Config) -> tuple[Config, list[str]]:
     """``config`` as an external agents' learner runs it, and notes on what changed: with
-    spaces given in ``[agent]`` there is no env to evaluate on. A recurrent policy is
-    refused: agents' chunks do not carry recurrent states yet."""
-    if config.policy.memory != "none":
-        raise ConfigError(
-            f"policy.memory = {config.policy.memory!r}: external agents (trustrl serve, "
-            "Agent) do not carry recurrent states yet; train recurrent policies with trustrl "
-            'train (in this process or on Ray runners), or set policy.memory = "none"'
-        )
+    spaces given in ``[agent]`` there is no env to evaluate on."""
     if config.agent.observation_shape is None or config.eval_episodes == 0:
         return config, []
     note = (
@@ -103,6 +97,20 @@ def learner_config(config: Config) -> tuple[Config, list[str]]:
         "[agent], with no env to evaluate on"
     )
     return replace(config, eval_episodes=0, eval_every=0), [note]
+
+
+def memory_info(config: Config) -> dict[str, int] | None:
+    """A recurrent policy's chunk contract (None without memory): the columns of a state
+    and the learner's ``rollout.sequence_length``; a chunk carries the state it started
+    from and the state at every ``sequence_length`` steps after (wire.Chunk.states)."""
+    policy = config.policy
+    if policy.memory == "none":
+        return None
+    cores = 1 if policy.share_encoder else 2
+    return {
+        "state_size": cores * state_size(policy.memory, policy.memory_size),
+        "sequence_length": config.rollout.sequence_length,
+    }
 
 
 def learner_info(config: Config, groups: Sequence[AgentGroup]) -> dict[str, Any]:
@@ -116,6 +124,7 @@ def learner_info(config: Config, groups: Sequence[AgentGroup]) -> dict[str, Any]
         "reward_clip": config.env.reward_clip,
         "max_chunk_length": config.agent.max_chunk_length,
         "queue_size": config.agent.queue_size,
+        "memory": memory_info(config),
         "env_id": config.env_id,
     }
 
@@ -147,6 +156,8 @@ class ExternalRunner(Runner):
         self.rows_per_group = [
             config.num_envs * config.rollout.num_steps * g.num_agents for g in self.groups
         ]
+        memory = memory_info(config)
+        self.sequence_length = memory["sequence_length"] if memory else 0
 
     def publish(self, snapshot: PolicySnapshot) -> None:
         if snapshot.version != self.published:
@@ -191,7 +202,7 @@ class ExternalRunner(Runner):
                     episodes.agents.append(chunk.agent)
         self.last_lags = lags
         groups = tuple(
-            pack(group, group_chunks, self.config.rollout.num_steps)
+            pack(group, group_chunks, self.config.rollout.num_steps, self.sequence_length)
             for group, group_chunks in zip(self.groups, chunks, strict=True)
         )
         agents = sum(g.num_agents for g in self.groups)
@@ -235,11 +246,19 @@ class ExternalRunner(Runner):
         self.inbox.finish()
 
 
-def pack(group: AgentGroup, chunks: Sequence[Chunk], num_steps: int) -> GroupBatch:
+def pack(
+    group: AgentGroup, chunks: Sequence[Chunk], num_steps: int, sequence_length: int = 0
+) -> GroupBatch:
     """A group's chunks as (T, N) rollout arrays (module docstring): N = agents x column
     sets; agent j's chunks fill columns j, j + agents, ... (rows are (env, agent) pairs,
     agent fastest), each chunk followed by its bootstrap row, the longest chunks first into
-    the shortest column, so that T stays near ``num_steps``."""
+    the shortest column, so that T stays near ``num_steps``.
+
+    A recurrent policy's chunks (``sequence_length``) each start a sequence: the batch
+    flags their first rows as starts, and the sequence chunks (acting/memory.py's
+    ``chunk_layout``) start from the states the agent sent, every ``sequence_length``
+    steps of its chunk; a sequence of bootstrap or padding rows alone trains nothing and
+    starts from zeros."""
     spec, agents = group.spec, group.num_agents
     by_agent: list[list[Chunk]] = [[] for _ in range(agents)]
     for chunk in chunks:
@@ -262,6 +281,9 @@ def pack(group: AgentGroup, chunks: Sequence[Chunk], num_steps: int) -> GroupBat
     truncated = np.ones((steps, width), bool)  # padding and bootstrap rows carry nothing
     valid = np.zeros((steps, width), bool)
     mask = np.ones((steps, width, spec.mask_dim), bool) if spec.mask_dim is not None else None
+    recurrent = sequence_length > 0
+    starts = np.zeros((steps, width), bool) if recurrent else None
+    sent: dict[tuple[int, int], np.ndarray] = {}  # (row, first step): a state the agent sent
     for c, column_chunks in enumerate(columns):
         t = 0
         for chunk in column_chunks:
@@ -280,6 +302,11 @@ def pack(group: AgentGroup, chunks: Sequence[Chunk], num_steps: int) -> GroupBat
                 truncated[t + n - 1, c] = True
             if mask is not None and chunk.action_mask is not None:
                 mask[rows, c] = chunk.action_mask
+            if starts is not None:
+                assert chunk.states is not None  # decode_chunk requires them
+                starts[t, c] = True
+                for k, state in enumerate(chunk.states):
+                    sent[(c, t + k * sequence_length)] = state
             t += n + 1
     delta = None
     deltas = [c.obs_delta for c in chunks if c.obs_delta is not None]
@@ -287,6 +314,14 @@ def pack(group: AgentGroup, chunks: Sequence[Chunk], num_steps: int) -> GroupBat
         delta = deltas[0]
         for other in deltas[1:]:
             delta = delta.merge(other)
+    states = None
+    if starts is not None:
+        size = max((len(s) for s in sent.values()), default=0)
+        chunk_rows, firsts, _ = chunk_layout(starts, sequence_length)
+        states = np.zeros((len(chunk_rows), size), np.float32)
+        for i, key in enumerate(zip(chunk_rows.tolist(), firsts.tolist(), strict=True)):
+            if key in sent:
+                states[i] = sent[key]
     return GroupBatch(
         obs=obs,
         critic_obs=None,
@@ -301,6 +336,8 @@ def pack(group: AgentGroup, chunks: Sequence[Chunk], num_steps: int) -> GroupBat
         last_value=np.zeros(width, np.float32),  # the last row is a bootstrap or padding row
         obs_delta=delta,
         critic_delta=None,
+        starts=starts,
+        states=states,
     )
 
 

@@ -90,7 +90,9 @@ class Inbox:
             try:
                 if seq is None:
                     raise ChunkError("the name is not a spool number")
-                where, chunk = decode_chunk(path.read_bytes(), self.groups, self.max_length)
+                where, chunk = decode_chunk(
+                    path.read_bytes(), self.groups, self.max_length, self._info.get("memory")
+                )
             except ChunkError as exc:
                 kept = _set_aside(path, spool / DAMAGED)
                 damaged.append(f"{path.name} ({exc}) -> {kept.relative_to(spool)}")
@@ -132,7 +134,9 @@ class Inbox:
             ):
                 return {"ok": False, "retry": True, "full": True}
         try:
-            where, chunk = decode_chunk(data, self.groups, self.max_length)
+            where, chunk = decode_chunk(
+                data, self.groups, self.max_length, self._info.get("memory")
+            )
         except ChunkError as exc:
             with self.condition:
                 self.rejected += 1

@@ -37,6 +37,7 @@ CHUNK_ARRAYS = (
     "values",
     "obs_mean",
     "obs_m2",
+    "states",
 )
 """The Chunk message's array fields, by the names the wire format gives them."""
 ENTRY_PREFIX = "obs/"

@@ -126,6 +126,9 @@ class Chunk:
     episode_return: float | None  # raw return of the episode this chunk ended, if it did
     episode_length: int | None
     sender: str = ""  # the gateway's name for the agent that sent it (its token's)
+    # A recurrent policy's (policy.memory): (ceil(L / sequence_length), state_size) float32,
+    # the state the chunk's first step was acted from, then every sequence_length steps.
+    states: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.logprob)
@@ -143,6 +146,8 @@ def encode_chunk(chunk: Chunk) -> bytes:
     }
     if chunk.action_mask is not None:
         tensors["action_mask"] = chunk.action_mask
+    if chunk.states is not None:
+        tensors["states"] = chunk.states
     metadata = {
         "format": CHUNK_FORMAT,
         "agent": chunk.agent,
@@ -187,11 +192,15 @@ def _parse(data: Any, expected_format: str) -> tuple[dict[str, str], dict[str, n
 
 
 def decode_chunk(
-    data: Any, groups: Sequence[AgentGroup], max_length: int = 1_000_000
+    data: Any,
+    groups: Sequence[AgentGroup],
+    max_length: int = 1_000_000,
+    memory: dict[str, int] | None = None,
 ) -> tuple[int, Chunk]:
     """(group index, chunk) from an agent's bytes, checked against the groups' spaces:
     field names, dtypes, shapes, lengths, finiteness, action ranges. A ChunkError says
-    which field was wrong and how."""
+    which field was wrong and how. ``memory`` (external.memory_info): the learner's
+    policy is recurrent, and every chunk carries its states."""
     metadata, tensors = _parse(data, CHUNK_FORMAT)
     agent = metadata.get("agent", "")
     try:
@@ -209,7 +218,7 @@ def decode_chunk(
     where = check_header(groups, agent, ending, version, seq)
     spec = groups[where].spec
     allowed = {"obs", "actions", "logprob", "values", "rewards", "action_mask"}
-    allowed |= {"obs_mean", "obs_m2"}
+    allowed |= {"obs_mean", "obs_m2"} | ({"states"} if memory else set())
     unknown = sorted(set(tensors) - allowed)
     if unknown:
         raise ChunkError(f"unknown arrays {unknown}; allowed: {sorted(allowed)}", "unknown_array")
@@ -227,6 +236,15 @@ def decode_chunk(
         expected["action_mask"] = ((length, spec.mask_dim), np.bool_)
     elif "action_mask" in tensors:
         raise ChunkError("action_mask sent for a policy without action masks", "mask")
+    if memory:
+        if "states" not in tensors:
+            raise ChunkError(
+                "states missing: the learner's policy has memory, and a chunk carries the "
+                "states it was acted from (every rollout.sequence_length steps)",
+                "missing_array",
+            )
+        starts = -(-length // memory["sequence_length"])
+        expected["states"] = ((starts, memory["state_size"]), np.float32)
     if count is not None:  # the statistics of the row's vector columns (all of a flat row)
         expected["obs_mean"] = ((spec.vector_dim,), np.float64)
         expected["obs_m2"] = ((spec.vector_dim,), np.float64)
@@ -258,6 +276,7 @@ def decode_chunk(
         episode_return if ending != "cut" else None,
         episode_length if ending != "cut" else None,
         metadata.get("sender", ""),
+        tensors.get("states"),
     )
     return where, chunk
 

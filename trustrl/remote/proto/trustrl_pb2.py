@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rtrustrl.proto\x12\x12trustrl.gateway.v1\"3\n\x05\x41rray\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"O\n\x06Weight\x12\r\n\x05group\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12(\n\x05\x61rray\x18\x03 \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\"n\n\x06Policy\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x18\n\x10\x64\x65scription_json\x18\x02 \x01(\t\x12+\n\x07weights\x18\x03 \x03(\x0b\x32\x1a.trustrl.gateway.v1.Weight\x12\x0c\n\x04onnx\x18\x04 \x01(\x0c\"@\n\x0c\x46\x65tchRequest\x12\x0c\n\x04have\x18\x01 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\x12\x0c\n\x04onnx\x18\x03 \x01(\x08\"[\n\nFetchReply\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12*\n\x06policy\x18\x03 \x01(\x0b\x32\x1a.trustrl.gateway.v1.Policy\"\xb4\x05\n\x05\x43hunk\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x0e\n\x06\x65nding\x18\x05 \x01(\t\x12&\n\x03obs\x18\x06 \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\x12*\n\x07\x61\x63tions\x18\x07 \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\x12*\n\x07rewards\x18\x08 \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\x12.\n\x0b\x61\x63tion_mask\x18\t \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\x12*\n\x07logprob\x18\n \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\x12)\n\x06values\x18\x0b \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\x12+\n\x08obs_mean\x18\x0c \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\x12)\n\x06obs_m2\x18\r \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\x12\x11\n\tobs_count\x18\x0e \x01(\x01\x12\x1b\n\x0e\x65pisode_return\x18\x0f \x01(\x01H\x00\x88\x01\x01\x12\x1b\n\x0e\x65pisode_length\x18\x10 \x01(\x03H\x01\x88\x01\x01\x12>\n\x0bobs_entries\x18\x11 \x03(\x0b\x32).trustrl.gateway.v1.Chunk.ObsEntriesEntry\x1aL\n\x0fObsEntriesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.trustrl.gateway.v1.Array:\x02\x38\x01\x42\x11\n\x0f_episode_returnB\x11\n\x0f_episode_length\":\n\rSubmitRequest\x12)\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x19.trustrl.gateway.v1.Chunk\"Z\n\x0b\x43hunkResult\x12,\n\x07outcome\x18\x01 \x01(\x0e\x32\x1b.trustrl.gateway.v1.Outcome\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"l\n\x0bSubmitReply\x12\x30\n\x07results\x18\x01 \x03(\x0b\x32\x1f.trustrl.gateway.v1.ChunkResult\x12\x10\n\x08pressure\x18\x02 \x01(\t\x12\x19\n\x11slow_down_seconds\x18\x03 \x01(\x01\"\x0f\n\rStatusRequest\"\xb0\x02\n\x0bStatusReply\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\r\n\x05\x61gent\x18\x03 \x01(\t\x12\x14\n\x0clearner_json\x18\x04 \x01(\t\x12;\n\x06\x63ounts\x18\x05 \x03(\x0b\x32+.trustrl.gateway.v1.StatusReply.CountsEntry\x12=\n\x07refused\x18\x06 \x03(\x0b\x32,.trustrl.gateway.v1.StatusReply.RefusedEntry\x1a-\n\x0b\x43ountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a.\n\x0cRefusedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01*S\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x41\x43\x43\x45PTED\x10\x01\x12\t\n\x05RETRY\x10\x02\x12\x0b\n\x07REFUSED\x10\x03\x12\t\n\x05STALE\x10\x04\x32\xf0\x01\n\x07Gateway\x12I\n\x05\x46\x65tch\x12 .trustrl.gateway.v1.FetchRequest\x1a\x1e.trustrl.gateway.v1.FetchReply\x12L\n\x06Submit\x12!.trustrl.gateway.v1.SubmitRequest\x1a\x1f.trustrl.gateway.v1.SubmitReply\x12L\n\x06Status\x12!.trustrl.gateway.v1.StatusRequest\x1a\x1f.trustrl.gateway.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rtrustrl.proto\x12\x12trustrl.gateway.v1\"3\n\x05\x41rray\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"O\n\x06Weight\x12\r\n\x05group\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12(\n\x05\x61rray\x18\x03 \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\"n\n\x06Policy\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x18\n\x10\x64\x65scription_json\x18\x02 \x01(\t\x12+\n\x07weights\x18\x03 \x03(\x0b\x32\x1a.trustrl.gateway.v1.Weight\x12\x0c\n\x04onnx\x18\x04 \x01(\x0c\"@\n\x0c\x46\x65tchRequest\x12\x0c\n\x04have\x18\x01 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\x12\x0c\n\x04onnx\x18\x03 \x01(\x08\"[\n\nFetchReply\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12*\n\x06policy\x18\x03 \x01(\x0b\x32\x1a.trustrl.gateway.v1.Policy\"\xdf\x05\n\x05\x43hunk\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x0e\n\x06\x65nding\x18\x05 \x01(\t\x12&\n\x03obs\x18\x06 \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\x12*\n\x07\x61\x63tions\x18\x07 \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\x12*\n\x07rewards\x18\x08 \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\x12.\n\x0b\x61\x63tion_mask\x18\t \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\x12*\n\x07logprob\x18\n \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\x12)\n\x06values\x18\x0b \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\x12+\n\x08obs_mean\x18\x0c \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\x12)\n\x06obs_m2\x18\r \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\x12\x11\n\tobs_count\x18\x0e \x01(\x01\x12\x1b\n\x0e\x65pisode_return\x18\x0f \x01(\x01H\x00\x88\x01\x01\x12\x1b\n\x0e\x65pisode_length\x18\x10 \x01(\x03H\x01\x88\x01\x01\x12>\n\x0bobs_entries\x18\x11 \x03(\x0b\x32).trustrl.gateway.v1.Chunk.ObsEntriesEntry\x12)\n\x06states\x18\x12 \x01(\x0b\x32\x19.trustrl.gateway.v1.Array\x1aL\n\x0fObsEntriesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.trustrl.gateway.v1.Array:\x02\x38\x01\x42\x11\n\x0f_episode_returnB\x11\n\x0f_episode_length\":\n\rSubmitRequest\x12)\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x19.trustrl.gateway.v1.Chunk\"Z\n\x0b\x43hunkResult\x12,\n\x07outcome\x18\x01 \x01(\x0e\x32\x1b.trustrl.gateway.v1.Outcome\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"l\n\x0bSubmitReply\x12\x30\n\x07results\x18\x01 \x03(\x0b\x32\x1f.trustrl.gateway.v1.ChunkResult\x12\x10\n\x08pressure\x18\x02 \x01(\t\x12\x19\n\x11slow_down_seconds\x18\x03 \x01(\x01\"\x0f\n\rStatusRequest\"\xb0\x02\n\x0bStatusReply\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\r\n\x05\x61gent\x18\x03 \x01(\t\x12\x14\n\x0clearner_json\x18\x04 \x01(\t\x12;\n\x06\x63ounts\x18\x05 \x03(\x0b\x32+.trustrl.gateway.v1.StatusReply.CountsEntry\x12=\n\x07refused\x18\x06 \x03(\x0b\x32,.trustrl.gateway.v1.StatusReply.RefusedEntry\x1a-\n\x0b\x43ountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a.\n\x0cRefusedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01*S\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x41\x43\x43\x45PTED\x10\x01\x12\t\n\x05RETRY\x10\x02\x12\x0b\n\x07REFUSED\x10\x03\x12\t\n\x05STALE\x10\x04\x32\xf0\x01\n\x07Gateway\x12I\n\x05\x46\x65tch\x12 .trustrl.gateway.v1.FetchRequest\x1a\x1e.trustrl.gateway.v1.FetchReply\x12L\n\x06Submit\x12!.trustrl.gateway.v1.SubmitRequest\x1a\x1f.trustrl.gateway.v1.SubmitReply\x12L\n\x06Status\x12!.trustrl.gateway.v1.StatusRequest\x1a\x1f.trustrl.gateway.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,8 +37,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUSREPLY_COUNTSENTRY']._serialized_options = b'8\001'
   _globals['_STATUSREPLY_REFUSEDENTRY']._loaded_options = None
   _globals['_STATUSREPLY_REFUSEDENTRY']._serialized_options = b'8\001'
-  _globals['_OUTCOME']._serialized_start=1723
-  _globals['_OUTCOME']._serialized_end=1806
+  _globals['_OUTCOME']._serialized_start=1766
+  _globals['_OUTCOME']._serialized_end=1849
   _globals['_ARRAY']._serialized_start=37
   _globals['_ARRAY']._serialized_end=88
   _globals['_WEIGHT']._serialized_start=90
@@ -50,23 +50,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FETCHREPLY']._serialized_start=349
   _globals['_FETCHREPLY']._serialized_end=440
   _globals['_CHUNK']._serialized_start=443
-  _globals['_CHUNK']._serialized_end=1135
-  _globals['_CHUNK_OBSENTRIESENTRY']._serialized_start=1021
-  _globals['_CHUNK_OBSENTRIESENTRY']._serialized_end=1097
-  _globals['_SUBMITREQUEST']._serialized_start=1137
-  _globals['_SUBMITREQUEST']._serialized_end=1195
-  _globals['_CHUNKRESULT']._serialized_start=1197
-  _globals['_CHUNKRESULT']._serialized_end=1287
-  _globals['_SUBMITREPLY']._serialized_start=1289
-  _globals['_SUBMITREPLY']._serialized_end=1397
-  _globals['_STATUSREQUEST']._serialized_start=1399
-  _globals['_STATUSREQUEST']._serialized_end=1414
-  _globals['_STATUSREPLY']._serialized_start=1417
-  _globals['_STATUSREPLY']._serialized_end=1721
-  _globals['_STATUSREPLY_COUNTSENTRY']._serialized_start=1628
-  _globals['_STATUSREPLY_COUNTSENTRY']._serialized_end=1673
-  _globals['_STATUSREPLY_REFUSEDENTRY']._serialized_start=1675
-  _globals['_STATUSREPLY_REFUSEDENTRY']._serialized_end=1721
-  _globals['_GATEWAY']._serialized_start=1809
-  _globals['_GATEWAY']._serialized_end=2049
+  _globals['_CHUNK']._serialized_end=1178
+  _globals['_CHUNK_OBSENTRIESENTRY']._serialized_start=1064
+  _globals['_CHUNK_OBSENTRIESENTRY']._serialized_end=1140
+  _globals['_SUBMITREQUEST']._serialized_start=1180
+  _globals['_SUBMITREQUEST']._serialized_end=1238
+  _globals['_CHUNKRESULT']._serialized_start=1240
+  _globals['_CHUNKRESULT']._serialized_end=1330
+  _globals['_SUBMITREPLY']._serialized_start=1332
+  _globals['_SUBMITREPLY']._serialized_end=1440
+  _globals['_STATUSREQUEST']._serialized_start=1442
+  _globals['_STATUSREQUEST']._serialized_end=1457
+  _globals['_STATUSREPLY']._serialized_start=1460
+  _globals['_STATUSREPLY']._serialized_end=1764
+  _globals['_STATUSREPLY_COUNTSENTRY']._serialized_start=1671
+  _globals['_STATUSREPLY_COUNTSENTRY']._serialized_end=1716
+  _globals['_STATUSREPLY_REFUSEDENTRY']._serialized_start=1718
+  _globals['_STATUSREPLY_REFUSEDENTRY']._serialized_end=1764
+  _globals['_GATEWAY']._serialized_start=1852
+  _globals['_GATEWAY']._serialized_end=2092
 # @@protoc_insertion_point(module_scope)

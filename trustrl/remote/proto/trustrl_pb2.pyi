@@ -73,7 +73,7 @@ class FetchReply(_message.Message):
     def __init__(self, version: _Optional[int] = ..., finished: _Optional[bool] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ...) -> None: ...
 
 class Chunk(_message.Message):
-    __slots__ = ("agent", "source", "seq", "version", "ending", "obs", "actions", "rewards", "action_mask", "logprob", "values", "obs_mean", "obs_m2", "obs_count", "episode_return", "episode_length", "obs_entries")
+    __slots__ = ("agent", "source", "seq", "version", "ending", "obs", "actions", "rewards", "action_mask", "logprob", "values", "obs_mean", "obs_m2", "obs_count", "episode_return", "episode_length", "obs_entries", "states")
     class ObsEntriesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,7 @@ class Chunk(_message.Message):
     EPISODE_RETURN_FIELD_NUMBER: _ClassVar[int]
     EPISODE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     OBS_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
     agent: str
     source: str
     seq: int
@@ -115,7 +116,8 @@ class Chunk(_message.Message):
     episode_return: float
     episode_length: int
     obs_entries: _containers.MessageMap[str, Array]
-    def __init__(self, agent: _Optional[str] = ..., source: _Optional[str] = ..., seq: _Optional[int] = ..., version: _Optional[int] = ..., ending: _Optional[str] = ..., obs: _Optional[_Union[Array, _Mapping]] = ..., actions: _Optional[_Union[Array, _Mapping]] = ..., rewards: _Optional[_Union[Array, _Mapping]] = ..., action_mask: _Optional[_Union[Array, _Mapping]] = ..., logprob: _Optional[_Union[Array, _Mapping]] = ..., values: _Optional[_Union[Array, _Mapping]] = ..., obs_mean: _Optional[_Union[Array, _Mapping]] = ..., obs_m2: _Optional[_Union[Array, _Mapping]] = ..., obs_count: _Optional[float] = ..., episode_return: _Optional[float] = ..., episode_length: _Optional[int] = ..., obs_entries: _Optional[_Mapping[str, Array]] = ...) -> None: ...
+    states: Array
+    def __init__(self, agent: _Optional[str] = ..., source: _Optional[str] = ..., seq: _Optional[int] = ..., version: _Optional[int] = ..., ending: _Optional[str] = ..., obs: _Optional[_Union[Array, _Mapping]] = ..., actions: _Optional[_Union[Array, _Mapping]] = ..., rewards: _Optional[_Union[Array, _Mapping]] = ..., action_mask: _Optional[_Union[Array, _Mapping]] = ..., logprob: _Optional[_Union[Array, _Mapping]] = ..., values: _Optional[_Union[Array, _Mapping]] = ..., obs_mean: _Optional[_Union[Array, _Mapping]] = ..., obs_m2: _Optional[_Union[Array, _Mapping]] = ..., obs_count: _Optional[float] = ..., episode_return: _Optional[float] = ..., episode_length: _Optional[int] = ..., obs_entries: _Optional[_Mapping[str, Array]] = ..., states: _Optional[_Union[Array, _Mapping]] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
     __slots__ = ("chunks",)
