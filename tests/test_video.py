@@ -91,3 +91,62 @@ def test_mujoco_renders_headless_through_egl(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert_mp4(Path(result.stdout.strip()))
+
+
+# Where the body is in the frame: a fresh process (MUJOCO_GL=egl) places the body 5 m along
+# x, paints the tracked part magenta and prints the centroid of the magenta pixels as
+# fractions of the frame's width and height (null: not in the frame).
+WHERE_IS_THE_BODY = """
+import json, sys
+import gymnasium as gym, mujoco, numpy as np
+from trustrl.run.video import tracking_camera
+env_id, tracked = sys.argv[1], sys.argv[2] == "1"
+env = gym.make(env_id, render_mode="rgb_array", width=160, height=160,
+               **(tracking_camera(env_id) if tracked else {}))
+env.reset(seed=0)
+u = env.unwrapped
+torso = mujoco.mj_name2id(u.model, mujoco.mjtObj.mjOBJ_BODY, "torso")
+# The torso; the Swimmer's whole body (its camera follows the body's centre of mass, and
+# its torso is the head of a 3 m chain, by design off the centre).
+bodies = [torso]
+if env_id.startswith("Swimmer"):
+    bodies = [b for b in range(u.model.nbody) if u.model.body_rootid[b] == torso]
+geoms = np.flatnonzero(np.isin(u.model.geom_bodyid, bodies))
+u.model.geom_rgba[geoms] = [1.0, 0.0, 1.0, 1.0]
+u.model.geom_matid[geoms] = -1
+qpos, qvel = u.data.qpos.copy(), u.data.qvel.copy()
+qpos[0] += 5.0
+u.set_state(qpos, qvel)
+frame = env.render().astype(int)
+mask = (frame[..., 0] > 120) & (frame[..., 1] < 90) & (frame[..., 2] > 120)
+ys, xs = np.nonzero(mask)
+print(json.dumps([xs.mean() / 160, ys.mean() / 160] if mask.sum() > 10 else None))
+"""
+
+
+def _body_in_frame(env_id: str, tracked: bool) -> list[float] | None:
+    env = {**os.environ, "MUJOCO_GL": "egl"}
+    result = subprocess.run(
+        [sys.executable, "-c", WHERE_IS_THE_BODY, env_id, "1" if tracked else "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    "env_id", ["Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Ant-v5", "Humanoid-v5", "Swimmer-v5"]
+)
+def test_videos_follow_a_mujoco_body_that_has_moved_away(env_id: str) -> None:
+    where = _body_in_frame(env_id, tracked=True)
+    assert where is not None, f"{env_id}: the body is not in the frame"
+    x, y = where
+    assert 0.3 <= x <= 0.7 and 0.3 <= y <= 0.7, f"{env_id}: the body is at {where}"
+
+
+def test_without_the_tracking_camera_a_hopper_walks_out_of_the_frame() -> None:
+    """What the recordings did before: the camera stayed where the episode began."""
+    assert _body_in_frame("Hopper-v5", tracked=False) is None

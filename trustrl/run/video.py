@@ -5,6 +5,13 @@ with ``render_mode="rgb_array"``: one mp4 per episode, written through moviepy. 
 envs render off-screen; without a display they need ``MUJOCO_GL=egl`` (Mesa's EGL on
 the CPU, which ``scripts/setup`` installs; ``osmesa`` would need libOSMesa, not
 installed here), which ``trustrl eval --video`` sets unless the variable is already set.
+
+MuJoCo's locomotion envs (Hopper, Walker2d, HalfCheetah, Ant, Humanoid, Swimmer) each
+define a tracking camera in their model, ``track`` (``mode="trackcom"``: it follows the
+torso's centre of mass), but Gymnasium 1.x renders with a free camera that stays where
+the episode began unless a camera is named, so the body walks out of the frame within
+seconds. Recordings name it (``tracking_camera``); a ``camera_name`` or ``camera_id`` the
+user gives in the env kwargs wins.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ def record(
         )
     from gymnasium.wrappers import RecordVideo
 
+    env_kwargs = {**tracking_camera(env_id, env_kwargs), **(env_kwargs or {})}
     env = env_factory(env_id, env_kwargs, frame_stack=frame_stack, render_mode="rgb_array")()
     env = RecordVideo(env, str(folder), episode_trigger=lambda _: True, name_prefix=name_prefix)
     returns, lengths = [], []
@@ -78,6 +86,25 @@ def record(
         env.close()  # writes the last episode's file
     videos = [folder / f"{name_prefix}-episode-{i}.mp4" for i in range(episodes)]
     return Recording(videos, returns, lengths)
+
+
+def tracking_camera(env_id: str, env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The env kwargs that render a Gymnasium MuJoCo env through its model's tracking
+    camera (``camera_name="track"``, module docstring); none for other envs, or where
+    the kwargs already name a camera. A model without a ``track`` camera renders as
+    before (Gymnasium falls back to its free camera)."""
+    import gymnasium as gym
+
+    kwargs = env_kwargs or {}
+    if "camera_name" in kwargs or "camera_id" in kwargs:
+        return {}
+    try:
+        entry_point = gym.spec(env_id).entry_point
+    except gym.error.Error:  # not a registered id (a package.module:callable, ALE, ...)
+        return {}
+    if not (isinstance(entry_point, str) and entry_point.startswith("gymnasium.envs.mujoco")):
+        return {}
+    return {"camera_name": "track"}
 
 
 def _record_parallel(
