@@ -359,12 +359,12 @@ def test_thin_agents_acting_with_the_onnx_model_train_the_learner(
         client.close()
 
 
-def test_a_recurrent_learner_takes_full_chunks_with_states_and_refuses_thin_ones(
+def test_a_recurrent_learner_takes_chunks_with_their_states_and_refuses_them_without(
     served: Callable[..., Served],
 ) -> None:
     """policy.memory over the gateway: the Python client sends its chunks with the states
-    it acted from, and the learner trains on them; a thin chunk (the learner would have to
-    replay the agent's recurrence) is refused, naming what is missing."""
+    it acted from, and the learner trains on them; a thin chunk without its states is
+    refused, naming what is missing."""
     memory = {"policy": {"memory": "gru", "memory_size": 8}, "rollout": {"sequence_length": 8}}
     learner = served(overrides=memory)
     token = credentials.add(learner.gateway.credentials.path.parent, "py")
@@ -382,7 +382,7 @@ def test_a_recurrent_learner_takes_full_chunks_with_states_and_refuses_thin_ones
         reply = client("Submit", pb.SubmitRequest(chunks=[thin]), token)
         result = reply.results[0]
         assert result.outcome == pb.REFUSED and result.reason == "missing_array"
-        assert "policy has memory" in result.error
+        assert "states missing" in result.error
     finally:
         agent.close(flush_timeout=0)
         client.close()

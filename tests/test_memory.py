@@ -578,3 +578,65 @@ def test_a_chunk_of_a_recurrent_policy_needs_its_states() -> None:
         decode_chunk(right, groups)  # a learner without memory takes no states
     config = trustrl.resolve("CartPole-v1", overrides={"policy": {"memory": "lstm"}})
     assert learner_info(config, groups)["memory"] == {"state_size": 256, "sequence_length": 16}
+
+
+def test_a_thin_agent_acting_with_the_gateways_onnx_model_is_replayed_exactly() -> None:
+    """A thin agent feeds the gateway model's next_state back and sends the states at its
+    chunk's sequence starts; the learner's replay gives the log-probabilities of the
+    model's own params and the values the recurrent critic gives."""
+    import onnxruntime as ort
+
+    from trustrl.contract import PolicySnapshot
+    from trustrl.remote import thin
+    from trustrl.remote.gateway import onnx_model
+    from trustrl.remote.wire import ChunkError
+
+    policy = _cartpole_policy("lstm")
+    snapshot = PolicySnapshot.of([policy], 0)
+    model = onnx_model(snapshot)
+    assert model, "a recurrent single-agent policy has a gateway model"
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    assert names == ["obs", "state"]
+    every, length = 4, 10
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(length + 1, 4)).astype(np.float32)  # a cut chunk's bootstrap row
+    state = np.zeros((1, policy.state_size), np.float32)
+    states, actions, log_probs = [], [], []
+    for t in range(length):
+        if t % every == 0:
+            states.append(state[0].copy())
+        _, params, state = session.run(None, {"obs": obs[t : t + 1], "state": state})
+        action = int(rng.choice(2, p=np.exp(params[0]) / np.exp(params[0]).sum()))
+        actions.append(action)
+        log_probs.append(params[0, action])
+    tensors = {
+        "obs": obs,
+        "actions": np.asarray(actions, np.int64),
+        "rewards": np.ones(length, np.float32),
+        "states": np.stack(states),
+    }
+    memory = {"state_size": policy.state_size, "sequence_length": every}
+    assert thin.check_thin(tensors, policy.spec, "cut", 100, memory) == length
+    too_few = {**tensors, "states": np.stack(states[:2])}
+    with pytest.raises(ChunkError, match="states"):
+        thin.check_thin(too_few, policy.spec, "cut", 100, memory)
+    header = {"agent": "", "source": "s", "seq": 0, "version": 0, "ending": "cut", "sender": "t"}
+    inference = Inference(snapshot.groups[0])
+    chunk = thin.thicken(tensors, header, policy.spec, inference, 0, thin.Stream(None), 0.99, every)
+    np.testing.assert_allclose(chunk.logprob, np.asarray(log_probs), atol=1e-5)
+    # The values: the critic's core from the same states, the bootstrap from the state
+    # after the last step.
+    norm = inference.obs_normalizer
+    assert norm is not None
+    x = norm.normalize_array(obs)
+    expected = []
+    replay = np.zeros((1, policy.state_size), np.float32)
+    for t in range(length):
+        if t % every == 0:
+            replay = np.stack(states)[t // every][None]
+        _, _, value, replay = inference.act_recurrent(x[t : t + 1], None, None, replay)
+        expected.append(value[0])
+    expected.append(inference.value_recurrent(x[length:], replay)[0])
+    np.testing.assert_allclose(chunk.values, np.asarray(expected), atol=1e-6)
+    assert chunk.states is not None and chunk.states.shape == (3, policy.state_size)

@@ -335,15 +335,9 @@ class Gateway:
             return messages.payload(messages.chunk_metadata(message, sender), tensors)
         if snapshot is None:
             return None  # a version this learner never published (another run's)
-        if self.info.get("memory"):
-            raise ChunkError(
-                "logprob missing: the learner's policy has memory (policy.memory), and its "
-                "chunks come full, with the states they were acted from (the Python client "
-                "sends them); thin chunks are not taken",
-                "missing_array",
-            )
         group = self.groups[where]
-        thin.check_thin(tensors, group.spec, message.ending, self.max_length)
+        memory = self.info.get("memory")
+        thin.check_thin(tensors, group.spec, message.ending, self.max_length, memory)
         header = {
             "agent": message.agent,
             "source": f"{sender}/{message.source}",
@@ -360,6 +354,7 @@ class Gateway:
             group.agents.index(message.agent),
             self._stream((sender, message.source, message.agent)),
             float(self.info["gamma"]),
+            memory["sequence_length"] if memory else 0,
         )
         return encode_chunk(chunk)
 

@@ -26,6 +26,12 @@ vector columns only and takes their statistics. Why raw entries rather than pack
 they are what the client saw (no one-hot encoding or column order to reimplement in
 another language), and a frame of the wrong dtype (a float frame where the policy takes
 uint8) is refused naming the entry, which a packed float row could not tell.
+
+A recurrent policy's thin chunk (``policy.memory``) also carries ``states``: the state
+(the actor's and the critic's, as the gateway's ONNX model takes and gives it) that the
+chunk's step 0 was acted from, and the state at every ``sequence_length`` steps after,
+as a full chunk does. ``thicken`` replays the recurrence from them with the acting
+version's weights, step by step, for the log-probabilities and values.
 """
 
 from __future__ import annotations
@@ -63,13 +69,20 @@ class Stream:
 
 
 def check_thin(
-    tensors: dict[str, np.ndarray], spec: SpaceSpec, ending: str, max_length: int
+    tensors: dict[str, np.ndarray],
+    spec: SpaceSpec,
+    ending: str,
+    max_length: int,
+    memory: dict[str, int] | None = None,
 ) -> int:
-    """The number of steps of a thin chunk whose arrays fit ``spec``; a ChunkError with
-    the check's reason (wire.REASONS) for one that does not."""
+    """The number of steps of a thin chunk whose arrays fit ``spec`` (and ``memory``,
+    external.memory_info, where the policy is recurrent); a ChunkError with the check's
+    reason (wire.REASONS) for one that does not."""
     allowed = list(THIN_ARRAYS)
     if spec.obs_entries and not _whole(spec):
         allowed = [ENTRY_PREFIX + e["key"] for e in spec.obs_entries] + allowed[1:]
+    if memory:
+        allowed.append("states")
     unknown = sorted(set(tensors) - set(allowed))
     if unknown:
         raise ChunkError(
@@ -94,6 +107,16 @@ def check_thin(
         expected["action_mask"] = ((length, spec.mask_dim), np.bool_)
     elif "action_mask" in tensors:
         raise ChunkError("action_mask sent for a policy without action masks", "mask")
+    if memory:
+        if "states" not in tensors:
+            raise ChunkError(
+                "states missing: the learner's policy has memory, and a chunk carries the "
+                "states it was acted from (the ONNX model's state input, at step 0 and every "
+                f"{memory['sequence_length']} steps)",
+                "missing_array",
+            )
+        starts = -(-length // memory["sequence_length"])
+        expected["states"] = ((starts, memory["state_size"]), np.float32)
     for entry in spec.obs_entries:
         check_entry(tensors, entry, rows, _whole(spec))
     check_arrays(tensors, expected)
@@ -173,6 +196,7 @@ def thicken(
     agent_index: int,
     stream: Stream,
     gamma: float,
+    sequence_length: int = 0,
 ) -> Chunk:
     """The full chunk of a checked thin chunk (``check_thin``), acted by the version
     whose ``inference`` this is. ``header``: agent, source, seq, version, ending, sender.
@@ -185,8 +209,14 @@ def thicken(
     x = norm.normalize_array(raw) if norm is not None else raw.astype(spec.obs_dtype)
     agent = np.full(len(x), agent_index)
     mask = tensors.get("action_mask")
-    logprob = inference.log_prob_of(x[:length], tensors["actions"], mask, agent[:length])
-    values = inference.value(x, None, agent).astype(np.float32)
+    states = tensors.get("states")
+    if states is not None:
+        logprob, values = _replay(
+            inference, x, tensors["actions"], mask, states, agent_index, sequence_length
+        )
+    else:
+        logprob = inference.log_prob_of(x[:length], tensors["actions"], mask, agent[:length])
+        values = inference.value(x, None, agent).astype(np.float32)
     if ending == "terminated":
         values = np.append(values, np.float32(0.0))
     scaled, returns = _scale(rewards, ending, stream, gamma, header["seq"])
@@ -208,7 +238,43 @@ def thicken(
         episode_return=returns[0] if ending != "cut" else None,
         episode_length=returns[1] if ending != "cut" else None,
         sender=header["sender"],
+        states=states,
     )
+
+
+def _replay(
+    inference: Inference,
+    x: np.ndarray,
+    actions: np.ndarray,
+    mask: np.ndarray | None,
+    states: np.ndarray,
+    agent_index: int,
+    every: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A recurrent policy's log-probabilities (L,) and values (rows,) of a thin chunk's
+    normalized rows ``x`` (L, or L + 1 with the bootstrap's), step by step from the
+    ``states`` the agent sent, one at every ``every`` steps (the learner's
+    ``rollout.sequence_length``: the chunk's sequence starts)."""
+    length = len(actions)
+    agent = np.array([agent_index])
+    head = inference.head
+    logprob = np.empty(length, np.float32)
+    values = np.empty(len(x), np.float32)
+    state = states[0][None]
+    for t in range(len(x)):
+        if t < length and t % every == 0:
+            state = states[t // every][None]
+        if t == length:  # the bootstrap row: the value of the state the chunk ended in
+            values[t] = inference.value_recurrent(x[t : t + 1], state, None, agent)[0]
+            break
+        row_mask = mask[t : t + 1] if mask is not None else None
+        _, out, value, state = inference.act_recurrent(
+            x[t : t + 1], row_mask, None, state, None, agent
+        )
+        params = head.params(out, row_mask)
+        logprob[t] = head.log_prob(params, actions[t : t + 1], agent)[0]
+        values[t] = value[0]
+    return logprob, values
 
 
 def _scale(

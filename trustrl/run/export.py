@@ -224,6 +224,37 @@ class RecurrentActor(DeployedActor):
         return self.mode(self.head.forward(out[0], mask)), next_state
 
 
+class RecurrentSamplingActor(DeployedActor):
+    """The gateway's model of a policy with memory (``SamplingActor``'s outputs, and the
+    state): ``state`` in is the policy's whole state (the actor core's columns, then the
+    critic core's), ``next_state`` out the same after one step; both cores advance, so
+    that a thin agent that feeds ``next_state`` back holds the state the learner replays
+    its chunk from (remote/thin.py)."""
+
+    def __init__(self, policy: Policy) -> None:
+        super().__init__(policy)
+        assert policy.actor_memory is not None
+        self.split = policy.actor_memory.state_size
+        self.critic_encoder = copy.deepcopy(policy.critic[0])
+        self.critic_memory = copy.deepcopy(policy.critic_memory)
+        self.requires_grad_(False)
+
+    def forward(  # type: ignore[override]
+        self, obs: Tensor | list[Tensor], state: Tensor, action_mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        assert self.memory is not None
+        x = self.rows(obs)
+        out, actor_state = self.memory(self.actor(x).unsqueeze(0), state[:, : self.split])
+        mask = action_mask.to(torch.bool) if action_mask is not None else None
+        params = self.head.forward(out[0], mask)
+        next_state = actor_state
+        if self.critic_memory is not None:
+            critic_in = self.critic_encoder(x).unsqueeze(0)
+            _, critic_state = self.critic_memory(critic_in, state[:, self.split :])
+            next_state = torch.cat([actor_state, critic_state], 1)
+        return self.mode(params), params, next_state
+
+
 class SamplingActor(DeployedActor):
     """``DeployedActor`` with a second output, ``params``, for an agent that samples its
     actions itself (the gateway's ONNX model, remote/gateway.py): Discrete and
@@ -261,9 +292,8 @@ def deployed(policy: Policy, sampling: bool = False) -> nn.Module:
     ``RecurrentActor`` for a policy with memory), in an ``EntryInputs`` for a structured
     observation."""
     if policy.actor_memory is not None:
-        if sampling:
-            raise ExportError("a policy with memory has no sampling export (the gateway's)")
-        actor: DeployedActor = RecurrentActor(policy).eval()
+        recurrent = RecurrentSamplingActor if sampling else RecurrentActor
+        actor: DeployedActor = recurrent(policy).eval()
     else:
         actor = (SamplingActor if sampling else DeployedActor)(policy).eval()
     spec = policy.spec
@@ -279,14 +309,16 @@ def onnx_model(policy: Policy, info: dict[str, Any]) -> bytes:
 
     if policy.per_agent or policy.agent_id:
         raise ExportError("a multi-agent policy needs an agent input this export does not have")
-    inputs, outputs = describe_io(policy)
+    inputs, outputs = describe_io(policy, whole_state=True)
     info = {**info, "spec": policy.spec.to_json(), "inputs": inputs, "outputs": outputs}
     module = deployed(policy, sampling=True)
+    recurrent = policy.actor_memory is not None
     with tempfile.TemporaryDirectory(prefix="trustrl-onnx-") as folder:
         path = Path(folder) / "policy.onnx"
-        example = _example_inputs(policy)
-        names = input_names(policy.spec)
-        _export_onnx(module, example, names, path, info, ("action", "params"))
+        example = _example_inputs(policy, whole_state=True)
+        names = input_names(policy.spec, recurrent)
+        outputs_named = ("action", "params", "next_state") if recurrent else ("action", "params")
+        _export_onnx(module, example, names, path, info, outputs_named)
         return path.read_bytes()
 
 
@@ -307,8 +339,10 @@ def default_output(checkpoint: Path, fmt: str) -> Path:
     return checkpoint.parent / f"{checkpoint.name}{suffix}"
 
 
-def describe_io(policy: Policy) -> tuple[dict[str, str], dict[str, str]]:
-    """Names -> 'dtype (shape)' of the exported model's inputs and outputs."""
+def describe_io(policy: Policy, whole_state: bool = False) -> tuple[dict[str, str], dict[str, str]]:
+    """Names -> 'dtype (shape)' of the exported model's inputs and outputs; a recurrent
+    policy's state is the actor's, or with ``whole_state`` (the gateway's model) the
+    policy's whole state."""
     spec = policy.spec
     if spec.obs_entries:
         names = input_names(spec)
@@ -319,8 +353,10 @@ def describe_io(policy: Policy) -> tuple[dict[str, str], dict[str, str]]:
     else:
         inputs = {"obs": f"float32 {_shape(spec.obs_shape)}"}
     memory = policy.actor_memory
+    size = 0
     if memory is not None:
-        inputs["state"] = f"float32 {_shape((memory.state_size,))}"
+        size = policy.state_size if whole_state else memory.state_size
+        inputs["state"] = f"float32 {_shape((size,))}"
     if spec.masked:
         inputs["action_mask"] = f"bool {_shape((spec.mask_dim or 0,))}"
     if spec.action_kind == "box":
@@ -329,7 +365,7 @@ def describe_io(policy: Policy) -> tuple[dict[str, str], dict[str, str]]:
         output = f"int64 {_shape(spec.action_shape)}"
     outputs = {"action": output}
     if memory is not None:
-        outputs["next_state"] = f"float32 {_shape((memory.state_size,))}"
+        outputs["next_state"] = f"float32 {_shape((size,))}"
     return inputs, outputs
 
 
@@ -390,11 +426,12 @@ def export_policy(
     return ExportResult(target, folder, fmt, inputs, outputs)
 
 
-def _example_inputs(policy: Policy) -> tuple[Tensor, ...]:
+def _example_inputs(policy: Policy, whole_state: bool = False) -> tuple[Tensor, ...]:
     spec = policy.spec
     mask = (torch.ones((2, spec.mask_dim or 0), dtype=torch.bool),) if spec.masked else ()
     memory = policy.actor_memory
-    state = (torch.zeros((2, memory.state_size)),) if memory is not None else ()
+    size = (policy.state_size if whole_state else memory.state_size) if memory else 0
+    state = (torch.zeros((2, size)),) if memory is not None else ()
     if spec.obs_entries:
         entries = tuple(
             torch.zeros((2, *entry["shape"]), dtype=_torch_dtype(entry["dtype"]))
