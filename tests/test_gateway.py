@@ -389,6 +389,39 @@ def test_a_recurrent_learner_takes_chunks_with_their_states_and_refuses_them_wit
     assert learner.trainer.iteration >= 2
 
 
+def test_thin_agents_reward_statistics_are_in_the_learners_checkpoint(
+    served: Callable[..., Served],
+) -> None:
+    """The learner scales a thin agent's rewards by statistics only it keeps: they go into
+    its checkpoint (the runner's state) and a resumed learner's gateway takes them back."""
+    from trustrl.run.checkpoint import flatten_state, unflatten_state
+
+    rewarded = {"env": {"normalize_reward": True}}
+    learner = served(train=False, overrides=rewarded)
+    token = credentials.add(learner.gateway.credentials.path.parent, "thin")
+    client = Client(learner.url)
+    rng = np.random.default_rng(0)
+    try:
+        for seq in range(3):
+            reply = client("Submit", pb.SubmitRequest(chunks=[thin_chunk(rng, 0, seq)]), token)
+            assert reply.results[0].outcome == pb.ACCEPTED, reply.results[0].error
+    finally:
+        client.close()
+    streams = learner.gateway.streams_state()
+    assert len(streams) == 1 and streams[0]["last_seq"] == 2
+    assert float(streams[0]["scaler"]["count"]) > 0
+    skeleton, tensors = flatten_state(learner.runner.state_dict())
+    state = unflatten_state(json.loads(json.dumps(skeleton)), tensors)
+    resumed = served("resumed", train=False, overrides=rewarded)
+    resumed.runner.load_state_dict(state)
+    again = resumed.gateway.streams_state()
+    assert [e["key"] for e in again] == [e["key"] for e in streams]
+    for name in ("discounted", "episode_return", "episode_length", "last_seq"):
+        assert again[0][name] == streams[0][name]
+    for name in ("mean", "var", "count"):
+        np.testing.assert_array_equal(again[0]["scaler"][name], streams[0]["scaler"][name])
+
+
 def test_an_address_other_than_loopback_needs_tls_or_insecure(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -236,11 +236,20 @@ class ExternalRunner(Runner):
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
-        return {"consumed": self.consumed, "dropped": self.dropped}
+        state: dict[str, Any] = {"consumed": self.consumed, "dropped": self.dropped}
+        # Served through a gateway (its Published inbox): the thin agents' reward
+        # statistics, which only the learner keeps.
+        streams = getattr(self.inbox, "streams_state", None)
+        if streams is not None:
+            state["streams"] = streams()
+        return state
 
     def load_state_dict(self, state: dict[str, Any], env_state: Any = None) -> None:
         self.consumed, self.dropped = int(state["consumed"]), int(state["dropped"])
         self.inbox.release(self.consumed)  # what the checkpoint already trained on
+        load = getattr(self.inbox, "load_streams", None)
+        if load is not None and state.get("streams"):
+            load(state["streams"])
 
     def close(self) -> None:
         self.inbox.finish()

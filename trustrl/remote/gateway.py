@@ -380,6 +380,35 @@ class Gateway:
             self.streams.move_to_end(key)
             return stream
 
+    def streams_state(self) -> list[dict[str, Any]]:
+        """The thin-chunk streams' reward statistics and open episodes, oldest first (for
+        the learner's checkpoint: a resumed learner scales a thin agent's rewards by the
+        statistics it had)."""
+        with self.condition:
+            return [
+                {
+                    "key": list(key),
+                    "scaler": s.scaler.state_dict() if s.scaler is not None else None,
+                    "discounted": s.discounted,
+                    "episode_return": s.episode_return,
+                    "episode_length": s.episode_length,
+                    "last_seq": s.last_seq,
+                }
+                for key, s in self.streams.items()
+            ]
+
+    def load_streams(self, entries: list[dict[str, Any]]) -> None:
+        """Streams as ``streams_state`` gave them (a checkpoint's)."""
+        for entry in entries:
+            sender, source, agent = (str(part) for part in entry["key"])
+            stream = self._stream((sender, source, agent))
+            if stream.scaler is not None and entry["scaler"] is not None:
+                stream.scaler.load_state_dict(entry["scaler"])
+            stream.discounted = float(entry["discounted"])
+            stream.episode_return = float(entry["episode_return"])
+            stream.episode_length = int(entry["episode_length"])
+            stream.last_seq = int(entry["last_seq"])
+
     def _policy(self, snapshot: PolicySnapshot, onnx: bool) -> pb.Policy:
         """The newest policy's message (encoded once per version), with its ONNX model
         when asked for (exported once per version, on the first request)."""
@@ -439,6 +468,12 @@ class Published:
     def finish(self) -> None:
         self.inbox.finish()
         self.gateway.finish()
+
+    def streams_state(self) -> list[dict[str, Any]]:
+        return self.gateway.streams_state()
+
+    def load_streams(self, entries: list[dict[str, Any]]) -> None:
+        self.gateway.load_streams(entries)
 
 
 def gateway_for(
