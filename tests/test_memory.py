@@ -71,6 +71,32 @@ def test_numpy_cells_equal_torch_over_long_sequences(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_per_agent_cells_equal_each_agents_own_torch_layer(kind: str) -> None:
+    """Stacked per-agent cores (multiagent.actor = "per_agent"): each sequence through its
+    agent's weights, in torch (StackedRNN) and numpy, equal to that agent's own nn.LSTM or
+    nn.GRU holding the same weights."""
+    torch.manual_seed(4)
+    memory = Memory(kind, 5, 6, num_agents=3)
+    weights = {k: v.detach().numpy() for k, v in memory.state_dict().items()}
+    cell = NumpyCell(kind, weights, "rnn.")
+    x = torch.randn(50, 4, 5)
+    agent = torch.tensor([2, 0, 1, 2])
+    state = torch.randn(4, memory.state_size) * 0.5
+    with torch.no_grad():
+        out, final = memory(x, state, agent=agent)
+        for row, a in enumerate(agent.tolist()):
+            own = Memory(kind, 5, 6)
+            own.rnn.load_state_dict({k: v[a] for k, v in memory.rnn.state_dict().items()})
+            expected, expected_final = own(x[:, row : row + 1], state[row : row + 1])
+            torch.testing.assert_close(out[:, row : row + 1], expected, atol=1e-5, rtol=0)
+            torch.testing.assert_close(final[row : row + 1], expected_final, atol=1e-5, rtol=0)
+    numpy_state = state.numpy()
+    for t in range(len(x)):
+        numpy_out, numpy_state = cell(x[t].numpy(), numpy_state, agent.numpy())
+        np.testing.assert_allclose(numpy_out, out[t].numpy(), atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_an_episode_start_inside_a_sequence_resets_its_state(kind: str) -> None:
     torch.manual_seed(2)
     memory = Memory(kind, 3, 4)
@@ -341,6 +367,28 @@ def test_evaluation_carries_each_episodes_state(tmp_path: Path) -> None:
         assert total == result.returns[episode]
 
 
+def test_a_new_agent_gets_a_core_of_its_own_and_the_others_act_as_before() -> None:
+    torch.manual_seed(5)
+    spec = _spec()
+    config = PolicyConfig(hidden_sizes=(8,), memory="lstm", memory_size=4)
+    policy = Policy(spec, config, num_agents=2, per_agent=True)
+    x = torch.randn(6, 3)
+    agent = torch.tensor([0, 1, 0, 1, 0, 1])
+    state = torch.randn(6, policy.state_size)
+    with torch.no_grad():
+        before = policy.dist_params(x, None, agent, sequences=Sequences(state, 1))
+    policy.register_agent()
+    assert policy.actor_memory is not None
+    assert policy.actor_memory.rnn.weight_ih_l0.shape[0] == 3
+    with torch.no_grad():
+        after = policy.dist_params(x, None, agent, sequences=Sequences(state, 1))
+        third = policy.dist_params(
+            x[:1], None, torch.tensor([2]), sequences=Sequences(state[:1], 1)
+        )
+    torch.testing.assert_close(after, before)
+    assert third.shape == (1, 3)
+
+
 def test_bad_memory_settings_are_refused_naming_the_field() -> None:
     with pytest.raises(ConfigError, match=r"policy\.memory_size must be an integer >= 1, got 0"):
         PolicyConfig(memory="lstm", memory_size=0)
@@ -354,10 +402,7 @@ def test_bad_memory_settings_are_refused_naming_the_field() -> None:
                 "policy": {"memory": "gru"},
             },
         )
-    spec = _spec()
     config = PolicyConfig(memory="gru")
-    with pytest.raises(ConfigError, match="per-agent actors"):
-        Policy(spec, config, num_agents=2, per_agent=True)
     # Without memory the sequence length is not checked (it has no effect).
     trustrl.resolve("CartPole-v1", overrides={"rollout": {"num_steps": 8}})
     assert replace(config, memory="none").memory == "none"
@@ -417,7 +462,7 @@ def test_export_steps_the_state_and_matches_act_over_whole_episodes(
 # Multi-agent groups: one actor shared by the agents (with their ids), a global critic.
 
 
-def _scripted_rollout(steps: int) -> tuple[Any, Policy, Any]:
+def _scripted_rollout(steps: int, per_agent: bool = False) -> tuple[Any, Policy, Any]:
     from tests.test_multiagent import SCRIPTED, rows_env
 
     collector = Collector(rows_env(SCRIPTED, 2, "global"), 0, 0.9, num_steps=steps)
@@ -426,13 +471,21 @@ def _scripted_rollout(steps: int) -> tuple[Any, Policy, Any]:
     torch.manual_seed(8)
     config = PolicyConfig(hidden_sizes=(8,), memory="gru", memory_size=6)
     policy = Policy(
-        group.spec, config, num_agents=group.num_agents, agent_id=True, critic_dim=group.critic_dim
+        group.spec,
+        config,
+        num_agents=group.num_agents,
+        per_agent=per_agent,
+        agent_id=True,
+        critic_dim=group.critic_dim,
     )
     return collector, policy, group
 
 
-def test_multiagent_rows_start_where_their_agent_is_back_and_terms_match_acting() -> None:
-    collector, policy, _ = _scripted_rollout(30)
+@pytest.mark.parametrize("per_agent", [False, True])
+def test_multiagent_rows_start_where_their_agent_is_back_and_terms_match_acting(
+    per_agent: bool,
+) -> None:
+    collector, policy, _ = _scripted_rollout(30, per_agent)
     for _ in range(2):
         rollout, _ = collect(collector, policy, 30)
         assert rollout.starts is not None

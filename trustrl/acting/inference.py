@@ -120,9 +120,13 @@ class Inference:
         one_hot[np.arange(len(x)), agent] = 1.0
         return np.concatenate([x, one_hot], -1)
 
+    def _encode(self, x: np.ndarray, agent: np.ndarray | None) -> np.ndarray:
+        """``Policy.encode``: the actor's encoder on its rows (with the agent's id where
+        a shared actor reads it)."""
+        return self.actor(x if self.per_agent else self._with_id(x, agent), agent)
+
     def _head_out(self, x: np.ndarray, agent: np.ndarray | None) -> np.ndarray:
-        actor_in = x if self.per_agent else self._with_id(x, agent)
-        return self.head_linear(self.actor(actor_in, agent), agent)
+        return self.head_linear(self._encode(x, agent), agent)
 
     def noise(self, rng: np.random.Generator, steps: int, agent: np.ndarray) -> np.ndarray:
         """(steps, rows, width) draws for a rollout of ``steps`` steps of the rows whose
@@ -150,7 +154,7 @@ class Inference:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``act`` and the rows' values from one pass of a shared encoder
         (``policy.share_encoder``): (actions, head outputs, values in return units)."""
-        features = self.actor(x if self.per_agent else self._with_id(x, agent), agent)
+        features = self._encode(x, agent)
         out = self.head_linear(features, agent)
         values = self._return_units(self.value_linear(features)[:, 0])
         return self.head.act(out, mask, noise, agent), out, values
@@ -171,8 +175,8 @@ class Inference:
         actor_memory = self.actor_memory
         assert actor_memory is not None
         split = actor_memory.state_size
-        features, next_state = actor_memory(self.actor(self._with_id(x, agent)), state[:, :split])
-        out = self.head_linear(features)
+        features, next_state = actor_memory(self._encode(x, agent), state[:, :split], agent)
+        out = self.head_linear(features, agent)
         if self.critic_memory is None:  # the value layer reads the actor's core
             raw = self.value_linear(features)[:, 0]
         else:
@@ -197,7 +201,7 @@ class Inference:
         assert actor_memory is not None
         split = actor_memory.state_size
         if self.critic_memory is None:
-            features, _ = actor_memory(self.actor(self._with_id(x, agent)), state[:, :split])
+            features, _ = actor_memory(self._encode(x, agent), state[:, :split], agent)
         else:
             critic_in = self._with_id(critic_x if critic_x is not None else x, agent)
             features, _ = self.critic_memory(self.critic(critic_in), state[:, split:])
@@ -271,7 +275,6 @@ class Inference:
     ) -> np.ndarray:
         """The critic's output (standardized with value normalization): ``value_raw``."""
         if self.shared:
-            actor_in = x if self.per_agent else self._with_id(x, agent)
-            return self.value_linear(self.actor(actor_in, agent))[:, 0]
+            return self.value_linear(self._encode(x, agent))[:, 0]
         critic_in = self._with_id(critic_x if critic_x is not None else x, agent)
         return self.value_linear(self.critic(critic_in))[:, 0]

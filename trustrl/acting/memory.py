@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from trustrl.acting.kernels import Dense
+
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     # tanh form: no overflow warning for large negative inputs, and float32 throughout.
@@ -22,30 +24,32 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 class NumpyCell:
-    """One recurrent layer's step: ``(x (B, in), state (B, state_size)) -> (output (B,
-    size), next state)``. ``kind`` is "lstm" or "gru"."""
+    """One recurrent layer's step: ``(x (B, in), state (B, state_size), agent) -> (output
+    (B, size), next state)``. ``kind`` is "lstm" or "gru". The weights are torch's layout,
+    (gates x size, in), or stacked per agent (one layer per agent, learner/memory.py's
+    ``StackedRNN``), (agents, gates x size, in), where each row takes its agent's."""
 
     def __init__(self, kind: str, weights: dict[str, np.ndarray], prefix: str) -> None:
         self.kind = kind
-        self.w_ih = np.ascontiguousarray(weights[f"{prefix}weight_ih_l0"].T, np.float32)
-        self.w_hh = np.ascontiguousarray(weights[f"{prefix}weight_hh_l0"].T, np.float32)
-        self.b_ih = weights[f"{prefix}bias_ih_l0"].astype(np.float32)
-        self.b_hh = weights[f"{prefix}bias_hh_l0"].astype(np.float32)
-        self.size = self.w_hh.shape[0]
+        self.ih = Dense(weights[f"{prefix}weight_ih_l0"], weights[f"{prefix}bias_ih_l0"])
+        self.hh = Dense(weights[f"{prefix}weight_hh_l0"], weights[f"{prefix}bias_hh_l0"])
+        self.size = weights[f"{prefix}weight_hh_l0"].shape[-1]
         self.state_size = state_size(kind, self.size)
 
-    def __call__(self, x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(
+        self, x: np.ndarray, state: np.ndarray, agent: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         size = self.size
         h = state[:, :size]
         if self.kind == "lstm":
-            gates = x @ self.w_ih + self.b_ih + h @ self.w_hh + self.b_hh
+            gates = self.ih(x, agent) + self.hh(h, agent)
             i, f = _sigmoid(gates[:, :size]), _sigmoid(gates[:, size : 2 * size])
             g, o = np.tanh(gates[:, 2 * size : 3 * size]), _sigmoid(gates[:, 3 * size :])
             c = f * state[:, size:] + i * g
             h = o * np.tanh(c)
             return h, np.concatenate([h, c], 1)
-        gx = x @ self.w_ih + self.b_ih
-        gh = h @ self.w_hh + self.b_hh
+        gx = self.ih(x, agent)
+        gh = self.hh(h, agent)
         r = _sigmoid(gx[:, :size] + gh[:, :size])
         z = _sigmoid(gx[:, size : 2 * size] + gh[:, size : 2 * size])
         n = np.tanh(gx[:, 2 * size :] + r * gh[:, 2 * size :])

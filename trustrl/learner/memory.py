@@ -22,26 +22,94 @@ class Sequences:
     resets: Tensor | None = None
 
 
+class StackedRNN(nn.Module):
+    """One LSTM or GRU layer per agent, stored stacked under ``torch.nn.LSTM``'s names:
+    ``weight_ih_l0`` (A, gates x size, in), ``weight_hh_l0`` (A, gates x size, size),
+    ``bias_ih_l0`` and ``bias_hh_l0`` (A, gates x size); each sequence goes through its
+    agent's. Stepped in time (torch's fused module has no per-row weights); each step's
+    gates are two ``StackedLinear``-style matmuls against every agent's weights at once."""
+
+    weight_ih_l0: nn.Parameter
+    weight_hh_l0: nn.Parameter
+    bias_ih_l0: nn.Parameter
+    bias_hh_l0: nn.Parameter
+
+    def __init__(self, kind: str, in_features: int, size: int, num_agents: int) -> None:
+        super().__init__()
+        self.kind, self.size = kind, size
+        references = [_rnn(kind, in_features, size) for _ in range(num_agents)]
+        for name in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"):
+            stacked = torch.stack([getattr(r, name).detach() for r in references])
+            self.register_parameter(name, nn.Parameter(stacked))
+
+    def _linear(self, x: Tensor, weight: Tensor, bias: Tensor, agent: Tensor) -> Tensor:
+        agents, out, inp = weight.shape
+        every = (x @ weight.permute(2, 0, 1).reshape(inp, agents * out)).view(-1, agents, out)
+        rows = torch.arange(len(x))
+        return every[rows, agent] + bias[agent]
+
+    def step(self, x: Tensor, state: Tensor, agent: Tensor) -> Tensor:
+        """(C, in) inputs, (C, state_size) states, (C,) agents -> the next states."""
+        size = self.size
+        h = state[:, :size]
+        gx = self._linear(x, self.weight_ih_l0, self.bias_ih_l0, agent)
+        gh = self._linear(h, self.weight_hh_l0, self.bias_hh_l0, agent)
+        if self.kind == "lstm":
+            i, f, g, o = (gx + gh).chunk(4, 1)
+            c = torch.sigmoid(f) * state[:, size:] + torch.sigmoid(i) * torch.tanh(g)
+            return torch.cat([torch.sigmoid(o) * torch.tanh(c), c], 1)
+        r = torch.sigmoid(gx[:, :size] + gh[:, :size])
+        z = torch.sigmoid(gx[:, size : 2 * size] + gh[:, size : 2 * size])
+        n = torch.tanh(gx[:, 2 * size :] + r * gh[:, 2 * size :])
+        return (1.0 - z) * n + z * h
+
+
+def _rnn(kind: str, in_features: int, size: int) -> nn.LSTM | nn.GRU:
+    return nn.LSTM(in_features, size) if kind == "lstm" else nn.GRU(in_features, size)
+
+
 class Memory(nn.Module):
     """``torch.nn.LSTM`` or ``torch.nn.GRU`` of one layer over (L, C, features) sequences,
     each sequence starting from its (C, state_size) state (an LSTM's ``[h, c]``, a GRU's
-    ``h``)."""
+    ``h``); with ``num_agents``, one layer per agent (``StackedRNN``), each sequence
+    taking its agent's."""
 
-    def __init__(self, kind: str, in_features: int, size: int) -> None:
+    def __init__(
+        self, kind: str, in_features: int, size: int, num_agents: int | None = None
+    ) -> None:
         super().__init__()
         self.kind = kind
-        self.rnn = nn.LSTM(in_features, size) if kind == "lstm" else nn.GRU(in_features, size)
+        self.rnn: nn.Module = (
+            StackedRNN(kind, in_features, size, num_agents)
+            if num_agents is not None
+            else _rnn(kind, in_features, size)
+        )
         self.size = size
         self.out_features = size
         self.state_size = state_size(kind, size)
 
     def forward(
-        self, x: Tensor, state: Tensor, resets: Tensor | None = None
+        self,
+        x: Tensor,
+        state: Tensor,
+        resets: Tensor | None = None,
+        agent: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """(L, C, in) inputs and (C, state_size) start states -> ((L, C, size) outputs,
         (C, state_size) final states). ``resets`` (L, C) bool zeroes a sequence's state
         before the steps it flags (an episode starting inside it), step by step; without
-        any, the whole sequence is one call of the torch module."""
+        any, the whole sequence is one call of the torch module. ``agent`` (C,): each
+        sequence's agent, for per-agent layers."""
+        if isinstance(self.rnn, StackedRNN):
+            if agent is None:
+                raise ValueError("per-agent memory needs the agent index of every sequence")
+            outputs = []
+            for t in range(len(x)):
+                if resets is not None:
+                    state = state * (~resets[t]).to(state.dtype)[:, None]
+                state = self.rnn.step(x[t], state, agent)
+                outputs.append(state[:, : self.size])
+            return torch.stack(outputs), state
         if resets is not None and bool(resets[1:].any()):
             outputs = []
             for t in range(len(x)):
@@ -67,5 +135,8 @@ def memory_init(memory: Memory) -> None:
     for name, param in memory.rnn.named_parameters():
         if name.startswith("bias"):
             nn.init.zeros_(param)
+        elif isinstance(memory.rnn, StackedRNN):  # each agent's matrix on its own
+            for agent in range(len(param)):
+                nn.init.orthogonal_(param[agent], 1.0)
         else:
             nn.init.orthogonal_(param, 1.0)

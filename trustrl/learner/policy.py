@@ -289,14 +289,12 @@ class Policy(nn.Module):
         # The memory core (policy.memory): between each side's encoder and its output layer.
         self.actor_memory: Memory | None = None
         self.critic_memory: Memory | None = None
-        if config.memory != "none" and per_agent:
-            raise ConfigError(
-                f"policy.memory = {config.memory!r}: per-agent actors (multiagent.actor = "
-                '"per_agent") take memory = "none" for now; a shared actor takes memory'
-            )
         if per_agent:
             self.actor = build_encoder(entries, spec.obs_dim, settings, num_agents)
             features: int = self.actor.out_features  # type: ignore[assignment]
+            if config.memory != "none":  # one core per agent, stacked
+                self.actor_memory = Memory(config.memory, features, config.memory_size, num_agents)
+                features = config.memory_size
             self.head = make_head(spec, features, config, num_agents)  # type: ignore[assignment]
         else:
             self.actor = build_encoder(entries, spec.obs_dim + id_width, settings, None)
@@ -344,11 +342,17 @@ class Policy(nn.Module):
         return sum(m.state_size for m in (self.actor_memory, self.critic_memory) if m)
 
     def _remember(
-        self, memory: Memory, x: Tensor, sequences: Sequences | None, offset: int
+        self,
+        memory: Memory,
+        x: Tensor,
+        sequences: Sequences | None,
+        offset: int,
+        agent: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Rows (C * L, features), chunk by chunk (``Sequences``), through ``memory`` from
         the chunks' states (their columns from ``offset``) -> (outputs (C * L, size),
-        final states (C, memory's state_size))."""
+        final states (C, memory's state_size)). ``agent`` (C * L,): the rows' agents, for
+        per-agent cores (a chunk is one row's, so one agent's)."""
         if sequences is None:
             raise ValueError(
                 "this policy has memory (policy.memory): give the rows' sequences and states"
@@ -356,7 +360,10 @@ class Policy(nn.Module):
         length = sequences.length
         chunks = x.shape[0] // length
         state = sequences.state[:, offset : offset + memory.state_size]
-        out, final = memory(x.reshape(chunks, length, -1).transpose(0, 1), state, sequences.resets)
+        chunk_agent = agent.reshape(chunks, length)[:, 0] if agent is not None else None
+        out, final = memory(
+            x.reshape(chunks, length, -1).transpose(0, 1), state, sequences.resets, chunk_agent
+        )
         return out.transpose(0, 1).reshape(chunks * length, -1), final
 
     def normalize(self, obs: Tensor) -> Tensor:
@@ -380,14 +387,19 @@ class Policy(nn.Module):
         """The actor's encoder output, through its memory core where it has one (with
         ``policy.share_encoder``, the critic's too). A recurrent policy's rows come in
         ``sequences``: chunk by chunk, each chunk's steps in order."""
+        features = self.encode(obs, agent)
+        if self.actor_memory is not None:
+            features = self._remember(self.actor_memory, features, sequences, 0, agent)[0]
+        return features
+
+    def encode(self, obs: Tensor, agent: Tensor | None = None) -> Tensor:
+        """The actor's encoder on its rows: per-agent encoders take each row's agent, a
+        shared one reads the agent's id where the policy appends it."""
         if self.per_agent:
             if agent is None:
                 raise ValueError("per-agent actors need the agent index of every row")
-            return self.actor(obs, agent)
-        features = self.actor(self._with_id(obs, agent))
-        if self.actor_memory is not None:
-            features = self._remember(self.actor_memory, features, sequences, 0)[0]
-        return features
+            return cast("Tensor", self.actor(obs, agent))
+        return cast("Tensor", self.actor(self._with_id(obs, agent)))
 
     def dist_params(
         self,
@@ -477,8 +489,8 @@ class Policy(nn.Module):
         sequences = Sequences(state, 1)
         finals = []
         if self.actor_memory is not None:
-            x = self.actor(self._with_id(obs, agent))
-            finals.append(self._remember(self.actor_memory, x, sequences, 0)[1])
+            x = self.encode(obs, agent)
+            finals.append(self._remember(self.actor_memory, x, sequences, 0, agent)[1])
         if self.critic_memory is not None:
             offset = finals[0].shape[1] if finals else 0
             critic_in = self._with_id(critic_obs if critic_obs is not None else obs, agent)
@@ -527,7 +539,7 @@ class Policy(nn.Module):
             fresh = Policy(self.spec, self.config, num_agents=1, per_agent=True)
             fresh_params = dict(fresh.named_parameters())
             for name, param in list(self.named_parameters()):
-                if name.startswith(("actor.", "head.")):
+                if name.startswith(("actor.", "actor_memory.", "head.")):
                     replace(name, torch.cat([param.detach(), fresh_params[name].detach()], 0), 0)
         if self.agent_id:
             names = (
@@ -749,8 +761,8 @@ class MultiAgentPolicy(nn.Module):
                 # state, not at hand here) stay as they were.
                 memory = policy.actor_memory
                 assert memory is not None
-                features = policy.actor(policy._with_id(x, agent))
-                _, actor_after = policy._remember(memory, features, sequences, 0)
+                features = policy.encode(x, agent)
+                _, actor_after = policy._remember(memory, features, sequences, 0, agent)
                 after = before.clone()
                 after[:, : memory.state_size] = actor_after
                 states.update(zip(present, after.numpy(), strict=True))
