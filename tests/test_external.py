@@ -483,15 +483,14 @@ def test_an_unreachable_learner_is_queued_for_and_drained_when_back() -> None:
         agent.close(flush_timeout=0)
 
 
-@pytest.mark.slow
-def test_agent_local_trains_cartpole_from_a_hand_written_loop(tmp_path: Path) -> None:
-    cfg = trustrl.resolve("CartPole-v1", overrides={"quiet": True, "seed": 3})
-    agent = Agent.local(cfg, tmp_path / "run", seed=3)
+def play_cartpole(agent: Agent, seed: int, max_steps: int) -> None:
+    """A hand-written CartPole-v1 loop acting through ``agent`` until its learner's run
+    is finished (or ``max_steps``)."""
     env = gym.make("CartPole-v1")
-    obs, _ = env.reset(seed=3)
+    obs, _ = env.reset(seed=seed)
     action = agent.act(obs)
     steps = 0
-    while not agent.status()["finished"] and steps < 200_000:
+    while not agent.status()["finished"] and steps < max_steps:
         obs, reward, terminated, truncated, _ = env.step(action)
         steps += 1
         if terminated or truncated:
@@ -500,6 +499,13 @@ def test_agent_local_trains_cartpole_from_a_hand_written_loop(tmp_path: Path) ->
             action = agent.act(obs)
         else:
             action = agent.act(obs, reward=float(reward))
+
+
+@pytest.mark.slow
+def test_agent_local_trains_cartpole_from_a_hand_written_loop(tmp_path: Path) -> None:
+    cfg = trustrl.resolve("CartPole-v1", overrides={"quiet": True, "seed": 3})
+    agent = Agent.local(cfg, tmp_path / "run", seed=3)
+    play_cartpole(agent, seed=3, max_steps=200_000)
     trainer = agent.learner
     agent.close()
     assert trainer.outcome.startswith("solved"), trainer.outcome

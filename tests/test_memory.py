@@ -229,7 +229,7 @@ def _step_by_step_loss(policy: Policy, batch: SequenceBatch, settings: LossSetti
             obs = batch.obs[row : row + 1]
             params = policy.dist_params(obs, None, sequences=Sequences(state, 1))
             value = policy.value_raw(obs, sequences=Sequences(state, 1))
-            state = policy.next_state(obs, state)
+            state = policy.step_memory(obs, state)[1]
             if batch.loss_rows[row]:
                 logprobs.append(policy.head.log_prob(params, batch.actions[row : row + 1]))
                 entropies.append(policy.head.entropy(params))
@@ -548,6 +548,7 @@ def test_agents_carry_states_and_the_learner_trains_on_what_they_acted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import trustrl.run.trainer as trainer_module
+    from tests.test_external import play_cartpole
     from trustrl.client.agent import Agent
 
     seen: list[Any] = []
@@ -586,19 +587,7 @@ def test_agents_carry_states_and_the_learner_trains_on_what_they_acted(
     }
     config = trustrl.resolve("CartPole-v1", overrides=overrides)
     agent = Agent.local(config, tmp_path / "run", seed=1)
-    env = gym.make("CartPole-v1")
-    obs, _ = env.reset(seed=1)
-    action = agent.act(obs)
-    steps = 0
-    while not agent.status()["finished"] and steps < 5_000:
-        obs, reward, terminated, truncated, _ = env.step(action)
-        steps += 1
-        if terminated or truncated:
-            agent.end_episode(float(reward), truncated=truncated and not terminated)
-            obs, _ = env.reset()
-            action = agent.act(obs)
-        else:
-            action = agent.act(obs, reward=float(reward))
+    play_cartpole(agent, seed=1, max_steps=5_000)
     trainer = agent.learner
     agent.close()
     assert trainer.outcome == "finished", trainer.outcome

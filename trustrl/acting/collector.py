@@ -277,6 +277,8 @@ class _GroupRollout:
         lane.observe(observed)
         if step.dropped is not None:
             _drop(lane, raw, t, step.dropped)
+        if not self.inference.state_size:  # only a recurrent policy's state is reset
+            return
         # The step after a reset step starts an episode: step t was one where the row's
         # episode ended at t - 1 (at t = 0: in the last rollout, or dropped just now). A
         # multi-agent row starts where its agent is back (alive again, after the env's

@@ -14,12 +14,11 @@ from trustrl.acting.memory import state_size
 @dataclass(frozen=True)
 class Sequences:
     """How a recurrent policy's rows (C * L of them) are laid out: C chunks of ``length``
-    steps each, chunk by chunk; ``state`` (C, state_size) is each chunk's start state and
-    ``resets`` (L, C), where given, flags steps that start an episode inside a chunk."""
+    steps each, chunk by chunk; ``state`` (C, state_size) is each chunk's start state (a
+    chunk never holds an episode start after its first step: ``chunk_layout`` cuts there)."""
 
     state: Tensor
     length: int
-    resets: Tensor | None = None
 
 
 class StackedRNN(nn.Module):

@@ -361,9 +361,7 @@ class Policy(nn.Module):
         chunks = x.shape[0] // length
         state = sequences.state[:, offset : offset + memory.state_size]
         chunk_agent = agent.reshape(chunks, length)[:, 0] if agent is not None else None
-        out, final = memory(
-            x.reshape(chunks, length, -1).transpose(0, 1), state, sequences.resets, chunk_agent
-        )
+        out, final = memory(x.reshape(chunks, length, -1).transpose(0, 1), state, agent=chunk_agent)
         return out.transpose(0, 1).reshape(chunks * length, -1), final
 
     def normalize(self, obs: Tensor) -> Tensor:
@@ -477,26 +475,29 @@ class Policy(nn.Module):
         memory = self.critic_memory
         return [*self.critic.parameters(), *(memory.parameters() if memory is not None else ())]
 
-    def next_state(
+    def step_memory(
         self,
         obs: Tensor,
         state: Tensor,
-        critic_obs: Tensor | None = None,
         agent: Tensor | None = None,
-    ) -> Tensor:
-        """The rows' recurrent states after one step on normalized ``obs`` (B, obs_dim)
-        from ``state`` (B, state_size): the actor memory's, then the critic's."""
+        critic: bool = True,
+    ) -> tuple[Tensor, Tensor]:
+        """One step of a recurrent policy on normalized ``obs`` (B, obs_dim) from ``state``
+        (B, state_size): (the actor's features, for ``dist_params``; the next states: the
+        actor core's columns, then the critic core's, which stay as they were without
+        ``critic``: acting where the critic's input, a global state, is not at hand)."""
+        actor_memory = self.actor_memory
+        assert actor_memory is not None
         sequences = Sequences(state, 1)
-        finals = []
-        if self.actor_memory is not None:
-            x = self.encode(obs, agent)
-            finals.append(self._remember(self.actor_memory, x, sequences, 0, agent)[1])
+        features, after = self._remember(actor_memory, self.encode(obs, agent), sequences, 0, agent)
         if self.critic_memory is not None:
-            offset = finals[0].shape[1] if finals else 0
-            critic_in = self._with_id(critic_obs if critic_obs is not None else obs, agent)
-            x = self.critic[0](critic_in)
-            finals.append(self._remember(self.critic_memory, x, sequences, offset)[1])
-        return torch.cat(finals, 1)
+            split = actor_memory.state_size
+            critic_after = state[:, split:]
+            if critic:
+                x = self.critic[0](self._with_id(obs, agent))
+                critic_after = self._remember(self.critic_memory, x, sequences, split)[1]
+            after = torch.cat([after, critic_after], 1)
+        return features, after
 
     @torch.inference_mode()
     def step(
@@ -599,10 +600,11 @@ class Policy(nn.Module):
         state_t = torch.as_tensor(np.asarray(state, np.float32))
         x = self.normalize(torch.as_tensor(flat))
         mask_t = torch.as_tensor(np.asarray(mask, dtype=bool)) if mask is not None else None
-        params = self.dist_params(x, mask_t, sequences=Sequences(state_t, 1))
+        features, after = self.step_memory(x, state_t)
+        params = self.dist_params(x, mask_t, features=features)
         actions = self.head.mode(params) if deterministic else self.head.sample(params)
         env_actions = spec.to_env(actions.numpy())
-        next_state = self.next_state(x, state_t).numpy()
+        next_state = after.numpy()
         if single:
             return env_actions[0], next_state[0]
         return env_actions, next_state
@@ -629,10 +631,10 @@ class Policy(nn.Module):
         flat, _ = self.spec.split(obs)
         sequences = None
         if self.state_size:  # a recurrent critic: from ``state`` (``act``'s), zeros if None
-            rows = np.zeros((len(flat), self.state_size), np.float32) if state is None else state
-            if single and state is not None:
-                rows = np.asarray(state, np.float32)[None]
-            sequences = Sequences(torch.as_tensor(np.asarray(rows, np.float32)), 1)
+            rows = np.zeros((len(flat), self.state_size), np.float32)
+            if state is not None:
+                rows[:] = np.asarray(state, np.float32).reshape(len(flat), -1)
+            sequences = Sequences(torch.from_numpy(rows), 1)
         x = self.normalize(torch.as_tensor(flat))
         values = self.critic_value(x, sequences=sequences).numpy()
         return float(values[0]) if single else values
@@ -747,26 +749,20 @@ class MultiAgentPolicy(nn.Module):
             agent = torch.tensor([group.agents.index(a) for a in present])
             x = policy.normalize(torch.as_tensor(flat))
             mask_t = torch.as_tensor(mask) if mask is not None else None
-            sequences = None
+            features = None
             if policy.state_size:
                 given = state or {}
-                rows = [given.get(a) for a in present]
-                before = torch.as_tensor(
-                    np.stack(
-                        [np.zeros(policy.state_size, np.float32) if r is None else r for r in rows]
-                    ).astype(np.float32)
+                before = np.zeros((len(present), policy.state_size), np.float32)
+                for row, name in enumerate(present):
+                    if given.get(name) is not None:
+                        before[row] = given[name]
+                # The critic's columns stay as they were: its input, a global state, is not
+                # at hand here, and acting does not need it.
+                features, after = policy.step_memory(
+                    x, torch.from_numpy(before), agent, critic=False
                 )
-                sequences = Sequences(before, 1)
-                # Acting advances the actor's columns; the critic's (it reads a global
-                # state, not at hand here) stay as they were.
-                memory = policy.actor_memory
-                assert memory is not None
-                features = policy.encode(x, agent)
-                _, actor_after = policy._remember(memory, features, sequences, 0, agent)
-                after = before.clone()
-                after[:, : memory.state_size] = actor_after
                 states.update(zip(present, after.numpy(), strict=True))
-            params = policy.dist_params(x, mask_t, agent, sequences=sequences)
+            params = policy.dist_params(x, mask_t, agent, features)
             chosen = policy.head.mode(params) if deterministic else policy.head.sample(params)
             for a, action in zip(present, group.spec.to_env(chosen.numpy()), strict=True):
                 actions[a] = action

@@ -180,28 +180,16 @@ class Rollout:
         index = (steps * self.num_rows + chunk_rows[:, None]).reshape(-1)
         real = (offsets < lengths[:, None]).reshape(-1)
         loss_rows = real & self.valid.numpy().reshape(-1)[index]
-
-        def rows(x: Tensor) -> Tensor:
-            array = x.numpy()
-            return torch.from_numpy(array.reshape(-1, *array.shape[2:]).take(index, 0))
-
-        batch = Batch(
-            obs=rows(self.obs),
-            actions=rows(self.actions),
-            logprob=rows(self.logprob),
-            values=rows(self.values),
-            advantages=rows(self.advantages),
-            returns=rows(self.returns),
-            action_mask=rows(self.action_mask) if self.action_mask is not None else None,
-            critic_obs=rows(self.critic_obs) if self.critic_obs is not None else None,
-            agent=torch.from_numpy(np.tile(self.agent.numpy(), self.num_steps).take(index)),
-        )
+        batch = self._gather(index)
         return SequenceBatch(batch, self.states, length, torch.from_numpy(loss_rows))
 
     def flat(self) -> Batch:
-        """The valid rows as one flat batch (a gather: reset rows are dropped), gathered in
-        numpy (see ``gae``)."""
-        index = np.flatnonzero(self.valid.numpy())
+        """The valid rows as one flat batch (a gather: reset rows are dropped)."""
+        return self._gather(np.flatnonzero(self.valid.numpy()))
+
+    def _gather(self, index: np.ndarray) -> Batch:
+        """The (T, N) rows at flat ``index`` (step-major) as a batch, gathered in numpy
+        (see ``gae``)."""
 
         def rows(x: Tensor) -> Tensor:
             array = x.numpy()
