@@ -532,6 +532,8 @@ class Config:
     """Print nothing: no progress bar, no notes (warnings go through Python's warnings)."""
     torch_threads: int = 1
     """Torch intra-op threads. Small networks run fastest on one; results are reproducible for a given seed and thread count."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the update runs: "cuda" trains on the GPU (acting stays on the CPU, from weights copied once per update); "auto" takes the GPU where torch sees one and the policy reads images or has memory, the CPU otherwise (docs/pixels.md: an MLP's update runs faster on the CPU)."""
     eval_episodes: int = 10
     """Deterministic evaluation episodes at the end of training (0: none)."""
     checkpoint_every: int = 10

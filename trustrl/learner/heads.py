@@ -172,20 +172,20 @@ class MultiCategoricalHead(nn.Module):
                 b.gather(-1, actions[..., i : i + 1].long()).squeeze(-1)
                 for i, b in enumerate(blocks)
             ),
-            torch.zeros(params.shape[:-1], dtype=params.dtype),
+            params.new_zeros(params.shape[:-1]),
         )
 
     def entropy(self, params: Tensor) -> Tensor:
         return sum(
             (_categorical_entropy(b) for b in self._blocks(params)),
-            torch.zeros(params.shape[:-1], dtype=params.dtype),
+            params.new_zeros(params.shape[:-1]),
         )
 
     def kl(self, old: Tensor, new: Tensor) -> Tensor:
         pairs = zip(self._blocks(old), self._blocks(new), strict=True)
         return sum(
             (_categorical_kl(o, n) for o, n in pairs),
-            torch.zeros(old.shape[:-1], dtype=old.dtype),
+            old.new_zeros(old.shape[:-1]),
         )
 
 

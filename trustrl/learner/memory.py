@@ -44,7 +44,7 @@ class StackedRNN(nn.Module):
     def _linear(self, x: Tensor, weight: Tensor, bias: Tensor, agent: Tensor) -> Tensor:
         agents, out, inp = weight.shape
         every = (x @ weight.permute(2, 0, 1).reshape(inp, agents * out)).view(-1, agents, out)
-        rows = torch.arange(len(x))
+        rows = torch.arange(len(x), device=x.device)
         return every[rows, agent] + bias[agent]
 
     def step(self, x: Tensor, state: Tensor, agent: Tensor) -> Tensor:

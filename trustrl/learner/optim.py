@@ -75,7 +75,7 @@ class Adam:
                 self.flat = flat.copy_(self.flat)
         # Both moments in one (2, n) buffer, so that a step updates them together: a
         # step's cost is mostly numpy's per-call overhead, not the arithmetic.
-        self.moments = torch.zeros((2, self.flat.numel()), dtype=self.flat.dtype)
+        self.moments = self.flat.new_zeros((2, self.flat.numel()))
         if exp_avg.numel():
             self.moments[0] = exp_avg
             self.moments[1] = exp_avg_sq
@@ -137,6 +137,9 @@ class Adam:
         group = self.param_groups[0]
         (beta1, beta2), eps, lr = group["betas"], group["eps"], group["lr"]
         self.steps += 1
+        if self.flat.device.type != "cpu":  # a twin on an accelerator (updates/device.py)
+            torch_step(self.flat, self.moments, grad, beta1, beta2, eps, lr, self.steps)
+            return
         # In numpy on views of the flat tensors: between the numpy gradients' calls the
         # same ops in torch cost about half again as much (dispatch), and ATen's fused
         # kernel is reachable only through a private function. Ten numpy calls: the
@@ -236,6 +239,28 @@ class Adam:
         )
 
 
+@torch.no_grad()
+def torch_step(
+    flat: Tensor,
+    moments: Tensor,
+    grad: Tensor,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    lr: float,
+    steps: int,
+) -> None:
+    """``Adam.step``'s arithmetic in torch ops, for weights on an accelerator (where numpy
+    cannot reach them): ``flat`` and ``moments`` (2, n) stepped in place on ``grad``."""
+    exp_avg, exp_avg_sq = moments[0], moments[1]
+    exp_avg.lerp_(grad, 1.0 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+    bias_correction1 = 1.0 - beta1**steps
+    bias_correction2_sqrt = math.sqrt(1.0 - beta2**steps)
+    denom = exp_avg_sq.sqrt().add_(eps * bias_correction2_sqrt)
+    flat.addcdiv_(exp_avg, denom, value=-lr * bias_correction2_sqrt / bias_correction1)
+
+
 @functools.cache  # a handful of (betas, dtype) per process
 def _beta_columns(beta1: float, beta2: float, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """(beta1, beta2) and (1 - beta1, 1 - beta2) as columns, one per moment (read-only)."""
@@ -267,6 +292,11 @@ def clip_grad_norm(grad: Tensor, max_norm: float) -> float:
     flat tensor ``Adam.flat_grad`` gives, in numpy on its memory (see ``Adam.step``). A
     non-finite norm leaves the gradient as it is.
     """
+    if grad.device.type != "cpu":  # on an accelerator: one read of the norm
+        value = float(torch.linalg.vector_norm(grad))
+        if math.isfinite(value) and value > max_norm:
+            grad.mul_(max_norm / (value + 1e-6))
+        return value
     g = grad.numpy()
     value = math.sqrt(float(g @ g))
     if math.isfinite(value) and value > max_norm:

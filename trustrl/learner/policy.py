@@ -75,7 +75,7 @@ class RunningMeanStd(nn.Module):
 
     def update(self, batch: Tensor | np.ndarray) -> None:
         """Fold in a batch of shape (B, *shape) (``MeanStd.update``)."""
-        self.numpy.update(batch.detach().numpy() if isinstance(batch, Tensor) else batch)
+        self.numpy.update(batch.detach().cpu().numpy() if isinstance(batch, Tensor) else batch)
 
     def stats(self) -> RunningStats:
         """A copy of the statistics, for a policy snapshot."""
@@ -91,8 +91,9 @@ class RunningMeanStd(nn.Module):
         if width is not None and x.shape[-1] > width:
             # A structured row: its leading columns are the float vectors (envs/layout.py).
             return torch.cat([self.forward(x[..., :width]), x[..., width:].to(x.dtype)], -1)
-        scale = torch.rsqrt(self.var.to(x.dtype) + self.epsilon)
-        return ((x - self.mean.to(x.dtype)) * scale).clamp(-self.clip, self.clip)
+        # A twin on an accelerator shares these CPU statistics (learner/updates/device.py).
+        scale = torch.rsqrt(self.var.to(x.device, x.dtype) + self.epsilon)
+        return ((x - self.mean.to(x.device, x.dtype)) * scale).clamp(-self.clip, self.clip)
 
 
 class MLP(nn.Sequential):
@@ -336,6 +337,12 @@ class Policy(nn.Module):
     # The pieces the updates use.
 
     @property
+    def device(self) -> torch.device:
+        """Where the weights are: the CPU, or an accelerator for a twin the update trains
+        there (learner/updates/device.py)."""
+        return self.head.linear.weight.device  # type: ignore[attr-defined, no-any-return]
+
+    @property
     def state_size(self) -> int:
         """Columns of a row's recurrent state: the actor memory's, then the critic's own
         (0: no memory)."""
@@ -448,7 +455,7 @@ class Policy(nn.Module):
         norm = self.value_normalizer
         if norm is None:
             return raw
-        return raw * norm.var.sqrt().to(raw.dtype) + norm.mean.to(raw.dtype)
+        return raw * norm.var.sqrt().to(raw.device, raw.dtype) + norm.mean.to(raw.device, raw.dtype)
 
     def value_targets(
         self, returns: Tensor, old_values: Tensor, rows: Callable[[Tensor], Tensor] | None = None
@@ -460,7 +467,8 @@ class Policy(nn.Module):
         if norm is None:
             return returns, old_values
         norm.update(rows(returns) if rows is not None else returns)
-        mean, std = norm.mean.to(returns.dtype), norm.var.sqrt().to(returns.dtype) + 1e-8
+        mean = norm.mean.to(returns.device, returns.dtype)
+        std = norm.var.sqrt().to(returns.device, returns.dtype) + 1e-8
         return (returns - mean) / std, (old_values - mean) / std
 
     def actor_parameters(self) -> list[nn.Parameter]:
@@ -541,7 +549,8 @@ class Policy(nn.Module):
             fresh_params = dict(fresh.named_parameters())
             for name, param in list(self.named_parameters()):
                 if name.startswith(("actor.", "actor_memory.", "head.")):
-                    replace(name, torch.cat([param.detach(), fresh_params[name].detach()], 0), 0)
+                    added = fresh_params[name].detach().to(param.device)
+                    replace(name, torch.cat([param.detach(), added], 0), 0)
         if self.agent_id:
             names = (
                 ["critic.0.0.weight"] if self.per_agent else ["actor.0.weight", "critic.0.0.weight"]

@@ -320,6 +320,18 @@ class Batch(_Rows[Tensor]):
             obs, actions, logprob, values, advantages, returns, action_mask, critic_obs, agent
         )
 
+    def to(self, device: torch.device) -> Batch:
+        """The same rows on ``device`` (a twin's update on an accelerator,
+        updates/device.py); this batch itself where it is there already. Frames stay uint8
+        on the way: the model scales them."""
+        if self.obs.device == device:
+            return self
+
+        def move(x: Tensor | None) -> Tensor | None:
+            return x.to(device) if x is not None else None
+
+        return Batch(*(move(getattr(self, name)) for name in _FIELDS))  # type: ignore[arg-type]
+
     def numpy(self) -> NumpyBatch:
         """The same rows as numpy arrays over the same memory. The numpy gradients take
         their minibatches from it: indexing arrays costs a fraction of indexing tensors,
@@ -369,6 +381,12 @@ class SequenceBatch(Batch):
     @property
     def sequences(self) -> Sequences:
         return Sequences(self.state, self.length)
+
+    def to(self, device: torch.device) -> SequenceBatch:
+        if self.obs.device == device:
+            return self
+        rows = Batch.to(self, device)
+        return SequenceBatch(rows, self.state.to(device), self.length, self.loss_rows.to(device))
 
     def loss(self, x: Tensor) -> Tensor:
         return x[self.loss_rows]

@@ -33,6 +33,7 @@ from trustrl.contract import CollectionStopped, EpisodeStats, PolicySnapshot, Ro
 from trustrl.envs.rows import AgentGroup, NonFiniteError
 from trustrl.learner.policy import MultiAgentPolicy, Policy
 from trustrl.learner.rollout import Rollout
+from trustrl.learner.updates.device import learner_device
 from trustrl.learner.updates.registry import make_update
 from trustrl.learner.warn import WarningHandler, warnings_to
 from trustrl.run.checkpoint import (
@@ -233,7 +234,13 @@ class Trainer:
                 if len(self.groups) == 1 and self.groups[0].agents == ("",)
                 else MultiAgentPolicy(self.groups, self.policies)
             )
-            self.updates = [make_update(config, policy) for policy in self.policies]
+            self.device = learner_device(config.device, self.policies)
+            self.updates = [make_update(config, p, self.device) for p in self.policies]
+        if self.device.type != "cpu":
+            self.notes.append(
+                f"the update runs on {self.device.type} ({torch.cuda.get_device_name()}); "
+                "acting on the CPU"
+            )
         self.agent_names = [a for g in self.groups for a in g.agents if a]
         # After the envs: a bad env id or space leaves no empty run folder behind.
         if overwrite and not resume and self.run_dir.is_dir():

@@ -246,6 +246,8 @@ class NumpyGradients:
     def unsupported(policy: Policy) -> str | None:
         """Why this backend cannot serve ``policy``, or None where it can."""
         head = policy.head
+        if policy.device.type != "cpu":
+            return f"its update runs on {policy.device.type} (device), where numpy cannot reach"
         if policy.state_size:
             return "it has memory (policy.memory)"
         if policy.share_encoder:

@@ -111,7 +111,7 @@ class PPOUpdate:
                 group["lr"] = lr
         clip_coef = cfg.clip_coef * (remaining if cfg.anneal_clip else 1.0)
 
-        batch = rollout.training_batch()
+        batch = rollout.training_batch().to(policy.device)
         batch.returns, batch.values = policy.value_targets(batch.returns, batch.values, batch.loss)
         separate = cfg.separate_optimizers
         pi_epochs = cfg.update_epochs

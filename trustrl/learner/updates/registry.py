@@ -13,6 +13,7 @@ import torch
 from trustrl.config import Config
 from trustrl.learner.policy import Policy
 from trustrl.learner.rollout import Rollout
+from trustrl.learner.updates.device import OnDevice
 from trustrl.learner.updates.ppo import PPOUpdate
 from trustrl.learner.updates.trpo import TRPOUpdate
 
@@ -32,6 +33,13 @@ class Update(Protocol):
 REGISTRY: dict[str, Any] = {"ppo": PPOUpdate, "trpo": TRPOUpdate}
 
 
-def make_update(config: Config, policy: Policy) -> Update:
-    """The update registered for ``config.algo``, configured by the section of that name."""
-    return REGISTRY[config.algo](policy, getattr(config, config.algo), seed=config.seed)
+def make_update(config: Config, policy: Policy, device: torch.device | None = None) -> Update:
+    """The update registered for ``config.algo``, configured by the section of that name;
+    on ``device`` other than the CPU, run on a twin of the policy there (``OnDevice``)."""
+
+    def make(target: Policy) -> Update:
+        return REGISTRY[config.algo](target, getattr(config, config.algo), seed=config.seed)  # type: ignore[no-any-return]
+
+    if device is None or device.type == "cpu":
+        return make(policy)
+    return OnDevice(make, policy, device)

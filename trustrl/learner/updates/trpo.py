@@ -158,7 +158,7 @@ class TRPOUpdate:
         self.generator.set_state(state["generator"])
 
     def __call__(self, policy: Policy, rollout: Rollout, progress: float) -> dict[str, float]:
-        batch = rollout.training_batch()
+        batch = rollout.training_batch().to(policy.device)
         batch.returns, batch.values = policy.value_targets(batch.returns, batch.values, batch.loss)
         skipped: dict[str, int] = {}
         # The critic first (the two touch disjoint weights, so the order changes no number):
