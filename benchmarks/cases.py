@@ -288,7 +288,8 @@ CASES: dict[int, dict[str, Any]] = {
         "settings": {
             # examples/masked.py: CartPole-v1's positions only (the zoo's CartPoleNoVel-v1),
             # with the zoo's RecurrentPPO settings for it (lr and clip annealed, 20 epochs
-            # of one 256-row minibatch, observations normalized, ReLU, no orthogonal init).
+            # of one 256-row minibatch, observations and rewards normalized: the zoo's
+            # `normalize: True` is VecNormalize's both; ReLU, no orthogonal init).
             "env_id": "examples.masked:cartpole",
             "num_envs": 8,
             "num_steps": 32,
@@ -301,6 +302,7 @@ CASES: dict[int, dict[str, Any]] = {
             "update_epochs": 20,
             "num_minibatches": 1,
             "normalize_obs": True,
+            "normalize_reward": True,
             "hidden_sizes": [64],
             "activation": "relu",
             "ortho_init": False,
