@@ -148,6 +148,7 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("seed", True, ("seed", "an integer", "the boolean true"), {}),
     ("total_steps", 0, ("total_steps", "got 0"), {}),
     ("torch_threads", 0, ("torch_threads", "got 0"), {}),
+    ("device", "tpu", ("device", '"tpu"', "auto, cpu, cuda"), {}),
     ("eval_episodes", -1, ("eval_episodes", "-1"), {}),
     ("checkpoint_every", 0, ("checkpoint_every", "got 0"), {}),
     ("checkpoint_keep", 0, ("checkpoint_keep", "got 0"), {}),
