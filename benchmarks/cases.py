@@ -79,8 +79,8 @@ DEFAULTS: dict[str, Any] = {
     # Memory (case 9): "lstm" is sb3-contrib's RecurrentPPO with an LSTM of memory_size
     # units for the actor and the critic each (enable_critic_lstm), trained on sequences of
     # the whole rollout per env; trustrl's policy.memory = "lstm", sequence_length =
-    # num_steps. The order differs: RecurrentPPO runs the LSTM on the observation and its
-    # net_arch after it, trustrl its encoder (hidden_sizes) first; the sizes are the same.
+    # num_steps. Both in RecurrentPPO's order: the LSTM on the observation, then the
+    # hidden_sizes layers (its net_arch; trustrl's policy.post_memory_sizes).
     "memory": "none",
     "memory_size": 64,
     # trustrl only (SB3's worker sets torch.set_num_threads(1) itself).
@@ -373,6 +373,9 @@ def trustrl_table(s: dict[str, Any], seed: int, run_dir: str) -> dict[str, Any]:
     }
     if s["memory"] != "none":  # RecurrentPPO's sequences: each env's whole rollout
         table["rollout"]["sequence_length"] = s["num_steps"]
+        # RecurrentPPO's order: the core on the observation, its net_arch after it.
+        table["policy"]["hidden_sizes"] = ()
+        table["policy"]["post_memory_sizes"] = tuple(s["hidden_sizes"])
     if s["algo"] == "ppo":
         table["ppo"] = {
             "learning_rate": s["learning_rate"],

@@ -94,6 +94,13 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ("policy.memory", "rnn", ("policy.memory", "none, lstm, gru", '"rnn"'), {}),
     ("policy.memory_size", 0, ("policy.memory_size must be an integer >= 1", "0"), {}),
     (
+        "policy.post_memory_sizes",
+        [64, 0],
+        ("policy.post_memory_sizes must be positive integers", "(64, 0)"),
+        {"policy": {"memory": "gru"}},
+    ),
+    ("policy.post_memory_sizes", [64], ("policy.post_memory_sizes [64] needs a memory core",), {}),
+    (
         "rollout.sequence_length",
         64,
         ("rollout.sequence_length must be <= rollout.num_steps (32)", "64"),

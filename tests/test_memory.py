@@ -139,12 +139,18 @@ def _collector(seed: int = 0, num_envs: int = 3, length: int = 8) -> Collector:
     return Collector(envs, seed, gamma=0.99, num_steps=40, sequence_length=length)
 
 
-def _cartpole_policy(kind: str, share: bool = False) -> Policy:
+def _cartpole_policy(kind: str, share: bool = False, post: tuple[int, ...] = ()) -> Policy:
     torch.manual_seed(3)
     spec = SpaceSpec.from_spaces(
         gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2)
     )
-    config = PolicyConfig(hidden_sizes=(8,), memory=kind, memory_size=6, share_encoder=share)
+    config = PolicyConfig(
+        hidden_sizes=(8,),
+        memory=kind,
+        memory_size=6,
+        share_encoder=share,
+        post_memory_sizes=post,
+    )
     return Policy(spec, config, normalize_obs=True)
 
 
@@ -162,9 +168,15 @@ def _replay(inference: Inference, obs: np.ndarray, starts: np.ndarray) -> tuple[
     return np.stack(states), np.stack(values), np.stack(outs)
 
 
-@pytest.mark.parametrize(("kind", "share"), [("lstm", False), ("gru", False), ("lstm", True)])
-def test_stored_states_are_the_states_the_acting_side_produced(kind: str, share: bool) -> None:
-    policy = _cartpole_policy(kind, share)
+# post: hidden layers after the core (policy.post_memory_sizes), on both sides.
+@pytest.mark.parametrize(
+    ("kind", "share", "post"),
+    [("lstm", False, ()), ("gru", False, ()), ("lstm", True, ()), ("lstm", False, (7, 5))],
+)
+def test_stored_states_are_the_states_the_acting_side_produced(
+    kind: str, share: bool, post: tuple[int, ...]
+) -> None:
+    policy = _cartpole_policy(kind, share, post)
     collector = _collector()
     inference = Inference.of(policy)
     first, _ = collect(collector, policy, 40)
@@ -197,9 +209,20 @@ def test_stored_states_are_the_states_the_acting_side_produced(kind: str, share:
     assert last_values.shape == (81, 3)
 
 
-@pytest.mark.parametrize(("kind", "share"), [("lstm", False), ("gru", False), ("gru", True)])
-def test_chunked_terms_at_the_acting_weights_equal_what_was_acted(kind: str, share: bool) -> None:
-    policy = _cartpole_policy(kind, share)
+@pytest.mark.parametrize(
+    ("kind", "share", "post"),
+    [
+        ("lstm", False, ()),
+        ("gru", False, ()),
+        ("gru", True, ()),
+        ("gru", False, (7,)),
+        ("lstm", True, (7,)),
+    ],
+)
+def test_chunked_terms_at_the_acting_weights_equal_what_was_acted(
+    kind: str, share: bool, post: tuple[int, ...]
+) -> None:
+    policy = _cartpole_policy(kind, share, post)
     collector = _collector(seed=4)
     collect(collector, policy, 40)
     rollout, _ = collect(collector, policy, 40)
@@ -246,9 +269,11 @@ def _step_by_step_loss(policy: Policy, batch: SequenceBatch, settings: LossSetti
     return named["loss_pi"] - settings.ent_coef * named["entropy"] + settings.vf_coef * loss_v
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_chunked_loss_and_gradients_equal_step_by_step_recomputation(kind: str) -> None:
-    policy = _cartpole_policy(kind)
+@pytest.mark.parametrize(("kind", "post"), [("lstm", ()), ("gru", ()), ("lstm", (7,))])
+def test_chunked_loss_and_gradients_equal_step_by_step_recomputation(
+    kind: str, post: tuple[int, ...]
+) -> None:
+    policy = _cartpole_policy(kind, post=post)
     collector = _collector(seed=5)
     collect(collector, policy, 40)
     rollout, _ = collect(collector, policy, 40)
@@ -394,6 +419,12 @@ def test_bad_memory_settings_are_refused_naming_the_field() -> None:
         PolicyConfig(memory="lstm", memory_size=0)
     with pytest.raises(ConfigError, match=r"policy\.memory must be one of none, lstm, gru"):
         PolicyConfig(memory="rnn")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"policy\.post_memory_sizes \[64\] needs a memory core"):
+        PolicyConfig(post_memory_sizes=(64,))
+    with pytest.raises(
+        ConfigError, match=r"policy\.post_memory_sizes must be positive integers.*got \(0,\)"
+    ):
+        PolicyConfig(memory="gru", post_memory_sizes=(0,))
     with pytest.raises(ConfigError, match=r"rollout.sequence_length must be <= rollout.num_steps"):
         trustrl.resolve(
             "CartPole-v1",
@@ -408,18 +439,18 @@ def test_bad_memory_settings_are_refused_naming_the_field() -> None:
     assert replace(config, memory="none").memory == "none"
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "post"), [("lstm", []), ("gru", []), ("lstm", [16])])
 def test_export_steps_the_state_and_matches_act_over_whole_episodes(
-    tmp_path: Path, kind: str
+    tmp_path: Path, kind: str, post: list[int]
 ) -> None:
     import onnxruntime as ort
 
     from trustrl.run.checkpoint import load_policy
     from trustrl.run.export import export_policy
 
-    config = trustrl.resolve(
-        "CartPole-v1", overrides=_overrides(tmp_path / "run", kind, 64 * 4, eval_episodes=0)
-    )
+    overrides = _overrides(tmp_path / "run", kind, 64 * 4, eval_episodes=0)
+    overrides["policy"]["post_memory_sizes"] = post
+    config = trustrl.resolve("CartPole-v1", overrides=overrides)
     trustrl.Trainer(config).train()
     policy = load_policy(tmp_path / "run")
     assert isinstance(policy, Policy)
@@ -462,14 +493,16 @@ def test_export_steps_the_state_and_matches_act_over_whole_episodes(
 # Multi-agent groups: one actor shared by the agents (with their ids), a global critic.
 
 
-def _scripted_rollout(steps: int, per_agent: bool = False) -> tuple[Any, Policy, Any]:
+def _scripted_rollout(
+    steps: int, per_agent: bool = False, post: tuple[int, ...] = ()
+) -> tuple[Any, Policy, Any]:
     from tests.test_multiagent import SCRIPTED, rows_env
 
     collector = Collector(rows_env(SCRIPTED, 2, "global"), 0, 0.9, num_steps=steps)
     collector.sequence_length = 8
     group = collector.groups[0]
     torch.manual_seed(8)
-    config = PolicyConfig(hidden_sizes=(8,), memory="gru", memory_size=6)
+    config = PolicyConfig(hidden_sizes=(8,), memory="gru", memory_size=6, post_memory_sizes=post)
     policy = Policy(
         group.spec,
         config,
@@ -481,11 +514,11 @@ def _scripted_rollout(steps: int, per_agent: bool = False) -> tuple[Any, Policy,
     return collector, policy, group
 
 
-@pytest.mark.parametrize("per_agent", [False, True])
+@pytest.mark.parametrize(("per_agent", "post"), [(False, ()), (True, ()), (True, (7,))])
 def test_multiagent_rows_start_where_their_agent_is_back_and_terms_match_acting(
-    per_agent: bool,
+    per_agent: bool, post: tuple[int, ...]
 ) -> None:
-    collector, policy, _ = _scripted_rollout(30, per_agent)
+    collector, policy, _ = _scripted_rollout(30, per_agent, post)
     for _ in range(2):
         rollout, _ = collect(collector, policy, 30)
         assert rollout.starts is not None

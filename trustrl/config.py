@@ -252,6 +252,8 @@ class PolicyConfig:
     """A recurrent core between the encoder and the heads: none, lstm or gru (one layer of memory_size units). The actor and the critic each have their own (one shared with share_encoder). Trained on sequence chunks of rollout.sequence_length steps; the hidden state is reset at every episode's start."""
     memory_size: int = 64
     """Hidden units of the memory core (policy.memory)."""
+    post_memory_sizes: tuple[int, ...] = ()
+    """Hidden layer widths after the memory core, each followed by the activation, before the heads (sb3-contrib's RecurrentPPO puts its net_arch there, after the LSTM; RLlib's post_fcnet_hiddens). Only with policy.memory."""
 
     def __post_init__(self) -> None:
         _check_types(self, "policy.")
@@ -278,6 +280,21 @@ class PolicyConfig:
             f"{self.cnn_linear!r}",
         )
         _check_int("policy.memory_size", self.memory_size, 1)
+        _require(
+            isinstance(self.post_memory_sizes, tuple | list)
+            and all(
+                isinstance(h, int) and not isinstance(h, bool) and h > 0
+                for h in self.post_memory_sizes
+            ),
+            f"policy.post_memory_sizes must be positive integers (empty: the heads read the "
+            f"memory core's output), got {self.post_memory_sizes!r}",
+        )
+        _require(
+            not self.post_memory_sizes or self.memory != "none",
+            f"policy.post_memory_sizes {list(self.post_memory_sizes)} needs a memory core "
+            f'(policy.memory "lstm" or "gru"); without one, give the layers in '
+            f"policy.hidden_sizes",
+        )
         _require(
             _is_number(self.log_std_init) and -20 <= self.log_std_init <= 2,
             f"policy.log_std_init must be in [-20, 2], got {self.log_std_init!r}",

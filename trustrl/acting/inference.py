@@ -88,13 +88,16 @@ class Inference:
         self.value_linear = kernels.Dense(weights["critic.1.weight"], weights["critic.1.bias"])
         # The memory cores (policy.memory): the actor's, and the critic's own unless shared.
         memory = settings.get("memory", "none")
-        self.actor_memory = (
-            NumpyCell(memory, weights, "actor_memory.rnn.") if memory != "none" else None
-        )
+
+        def cell(prefix: str) -> NumpyCell:
+            post = None
+            if settings.get("post_memory_sizes"):  # the MLP twin: the same layers' pattern
+                post = parts.NumpyMLP(settings, weights, f"{prefix}post.")
+            return NumpyCell(memory, weights, f"{prefix}rnn.", post)
+
+        self.actor_memory = cell("actor_memory.") if memory != "none" else None
         self.critic_memory = (
-            NumpyCell(memory, weights, "critic_memory.rnn.")
-            if memory != "none" and not self.shared
-            else None
+            cell("critic_memory.") if memory != "none" and not self.shared else None
         )
         self.state_size = sum(
             m.state_size for m in (self.actor_memory, self.critic_memory) if m is not None

@@ -13,6 +13,8 @@ columns, then the critic's (``Policy.state_size``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from trustrl.acting.kernels import Dense
@@ -27,10 +29,19 @@ class NumpyCell:
     """One recurrent layer's step: ``(x (B, in), state (B, state_size), agent) -> (output
     (B, size), next state)``. ``kind`` is "lstm" or "gru". The weights are torch's layout,
     (gates x size, in), or stacked per agent (one layer per agent, learner/memory.py's
-    ``StackedRNN``), (agents, gates x size, in), where each row takes its agent's."""
+    ``StackedRNN``), (agents, gates x size, in), where each row takes its agent's. ``post``:
+    the layers after the core (``policy.post_memory_sizes``), ``(output, agent) ->
+    output``, applied to the output (not to the state)."""
 
-    def __init__(self, kind: str, weights: dict[str, np.ndarray], prefix: str) -> None:
+    def __init__(
+        self,
+        kind: str,
+        weights: dict[str, np.ndarray],
+        prefix: str,
+        post: Callable[[np.ndarray, np.ndarray | None], np.ndarray] | None = None,
+    ) -> None:
         self.kind = kind
+        self.post = post
         self.ih = Dense(weights[f"{prefix}weight_ih_l0"], weights[f"{prefix}bias_ih_l0"])
         self.hh = Dense(weights[f"{prefix}weight_hh_l0"], weights[f"{prefix}bias_hh_l0"])
         self.size = weights[f"{prefix}weight_hh_l0"].shape[-1]
@@ -38,6 +49,12 @@ class NumpyCell:
 
     def __call__(
         self, x: np.ndarray, state: np.ndarray, agent: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        out, state = self._core(x, state, agent)
+        return (out, state) if self.post is None else (self.post(out, agent), state)
+
+    def _core(
+        self, x: np.ndarray, state: np.ndarray, agent: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray]:
         size = self.size
         h = state[:, :size]

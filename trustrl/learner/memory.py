@@ -1,5 +1,6 @@
-"""A policy's memory core in torch: one LSTM or GRU layer between the encoder and the heads
-(its numpy twin, acting/memory.py, acts with the same weights)."""
+"""A policy's memory core in torch: one LSTM or GRU layer between the encoder and the heads,
+and any hidden layers after it (its numpy twin, acting/memory.py, acts with the same
+weights)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,9 @@ def _rnn(kind: str, in_features: int, size: int) -> nn.LSTM | nn.GRU:
     return nn.LSTM(in_features, size) if kind == "lstm" else nn.GRU(in_features, size)
 
 
+Outputs = tuple[Tensor, Tensor]  # a core's outputs over the steps, and its final states
+
+
 class Memory(nn.Module):
     """``torch.nn.LSTM`` or ``torch.nn.GRU`` of one layer over (L, C, features) sequences,
     each sequence starting from its (C, state_size) state (an LSTM's ``[h, c]``, a GRU's
@@ -74,7 +78,12 @@ class Memory(nn.Module):
     taking its agent's."""
 
     def __init__(
-        self, kind: str, in_features: int, size: int, num_agents: int | None = None
+        self,
+        kind: str,
+        in_features: int,
+        size: int,
+        num_agents: int | None = None,
+        post: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.kind = kind
@@ -84,7 +93,10 @@ class Memory(nn.Module):
             else _rnn(kind, in_features, size)
         )
         self.size = size
-        self.out_features = size
+        # The layers after the core (policy.post_memory_sizes): ``forward(x, agent)`` on
+        # (rows, size) outputs, per agent where the core is.
+        self.post = post
+        self.out_features: int = post.out_features if post is not None else size  # type: ignore[assignment]
         self.state_size = state_size(kind, size)
 
     def forward(
@@ -94,11 +106,23 @@ class Memory(nn.Module):
         resets: Tensor | None = None,
         agent: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """(L, C, in) inputs and (C, state_size) start states -> ((L, C, size) outputs,
-        (C, state_size) final states). ``resets`` (L, C) bool zeroes a sequence's state
-        before the steps it flags (an episode starting inside it), step by step; without
-        any, the whole sequence is one call of the torch module. ``agent`` (C,): each
-        sequence's agent, for per-agent layers."""
+        """(L, C, in) inputs and (C, state_size) start states -> ((L, C, out_features)
+        outputs, (C, state_size) final states). ``resets`` (L, C) bool zeroes a sequence's
+        state before the steps it flags (an episode starting inside it), step by step;
+        without any, the whole sequence is one call of the torch module. ``agent`` (C,):
+        each sequence's agent, for per-agent layers."""
+        out, state = self._core(x, state, resets, agent)
+        if self.post is None:
+            return out, state
+        steps, chunks = out.shape[:2]
+        rows_agent = agent.repeat(steps) if agent is not None else None  # time-major rows
+        out = self.post(out.reshape(steps * chunks, -1), rows_agent)
+        return out.reshape(steps, chunks, -1), state
+
+    def _core(
+        self, x: Tensor, state: Tensor, resets: Tensor | None, agent: Tensor | None
+    ) -> Outputs:
+        """``forward`` without the layers after the core: (L, C, size) outputs."""
         if isinstance(self.rnn, StackedRNN):
             if agent is None:
                 raise ValueError("per-agent memory needs the agent index of every sequence")
@@ -113,7 +137,7 @@ class Memory(nn.Module):
             outputs = []
             for t in range(len(x)):
                 state = state * (~resets[t]).to(state.dtype)[:, None]
-                out, state = self(x[t : t + 1], state)
+                out, state = self._core(x[t : t + 1], state, None, None)
                 outputs.append(out)
             return torch.cat(outputs), state
         if resets is not None:

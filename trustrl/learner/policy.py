@@ -227,6 +227,16 @@ class StackedMLP(nn.Module):
         return x
 
 
+def memory_core(config: PolicyConfig, in_features: int, num_agents: int | None = None) -> Memory:
+    """A side's memory core (``policy.memory``) on ``in_features`` features, with the hidden
+    layers after it (``policy.post_memory_sizes``); ``num_agents`` set: one per agent."""
+    post = None
+    if config.post_memory_sizes:
+        settings = {"hidden_sizes": config.post_memory_sizes, "activation": config.activation}
+        post = mlp_encoder(config.memory_size, settings, num_agents)
+    return Memory(config.memory, in_features, config.memory_size, num_agents, post)
+
+
 def make_head(
     spec: SpaceSpec, in_features: int, config: PolicyConfig, num_agents: int | None = None
 ) -> nn.Module:
@@ -294,15 +304,15 @@ class Policy(nn.Module):
             self.actor = build_encoder(entries, spec.obs_dim, settings, num_agents)
             features: int = self.actor.out_features  # type: ignore[assignment]
             if config.memory != "none":  # one core per agent, stacked
-                self.actor_memory = Memory(config.memory, features, config.memory_size, num_agents)
-                features = config.memory_size
+                self.actor_memory = memory_core(config, features, num_agents)
+                features = self.actor_memory.out_features
             self.head = make_head(spec, features, config, num_agents)  # type: ignore[assignment]
         else:
             self.actor = build_encoder(entries, spec.obs_dim + id_width, settings, None)
             features = self.actor.out_features  # type: ignore[assignment]
             if config.memory != "none":
-                self.actor_memory = Memory(config.memory, features, config.memory_size)
-                features = config.memory_size
+                self.actor_memory = memory_core(config, features)
+                features = self.actor_memory.out_features
             self.head = make_head(spec, features, config)  # type: ignore[assignment]
         critic_in = (critic_dim or spec.obs_dim) + id_width
         self.share_encoder = config.share_encoder
@@ -321,8 +331,8 @@ class Policy(nn.Module):
             )
         critic_features = cast("int", critic_encoder.out_features)
         if config.memory != "none" and not config.share_encoder:
-            self.critic_memory = Memory(config.memory, critic_features, config.memory_size)
-            critic_features = config.memory_size
+            self.critic_memory = memory_core(config, critic_features)
+            critic_features = self.critic_memory.out_features
         self.critic = nn.Sequential(critic_encoder, nn.Linear(critic_features, 1))
         if config.ortho_init:
             orthogonal_init(self.actor, math.sqrt(2))
@@ -330,6 +340,8 @@ class Policy(nn.Module):
             for memory in (self.actor_memory, self.critic_memory):
                 if memory is not None:
                     memory_init(memory)
+                    if memory.post is not None:
+                        orthogonal_init(memory.post, math.sqrt(2))
             # A near-uniform initial policy keeps every action explorable.
             orthogonal_init(self.head.linear, 0.01)  # type: ignore[attr-defined]
             orthogonal_init(self.critic[1], 1.0)
