@@ -101,6 +101,12 @@ BAD_VALUES: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = [
     ),
     ("policy.post_memory_sizes", [64], ("policy.post_memory_sizes [64] needs a memory core",), {}),
     (
+        "policy.memory_gate_bias",
+        float("nan"),
+        ("policy.memory_gate_bias must be a number in [-10, 10]", "nan"),
+        {"policy": {"memory": "lstm"}},
+    ),
+    (
         "rollout.sequence_length",
         64,
         ("rollout.sequence_length must be <= rollout.num_steps (32)", "64"),

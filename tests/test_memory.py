@@ -114,6 +114,29 @@ def test_an_episode_start_inside_a_sequence_resets_its_state(kind: str) -> None:
     assert not torch.allclose(out[6:, 1], whole[6:, 1])
 
 
+@pytest.mark.parametrize("per_agent", [False, True])
+def test_the_gate_bias_starts_the_lstm_keeping_that_share_of_its_cell(per_agent: bool) -> None:
+    # With zero input and h, an LSTM's step is c' = sigmoid(f's bias) * c (i * tanh(0) = 0):
+    # policy.memory_gate_bias sets what the core keeps, on the torch and the numpy side.
+    spec = SpaceSpec.from_spaces(
+        gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Discrete(2)
+    )
+    for bias in (0.0, 2.0):
+        config = PolicyConfig(hidden_sizes=(), memory="lstm", memory_size=4, memory_gate_bias=bias)
+        policy = Policy(spec, config, num_agents=2, per_agent=per_agent)
+        memory = policy.actor_memory
+        assert memory is not None
+        state = torch.cat([torch.zeros(2, 4), torch.ones(2, 4)], 1)  # h = 0, c = 1
+        agent = torch.tensor([0, 1])
+        _, after = memory(torch.zeros(1, 2, 3), state, agent=agent if per_agent else None)
+        kept = 1.0 / (1.0 + math.exp(-bias))
+        torch.testing.assert_close(after[:, 4:], torch.full((2, 4), kept))
+        cell = Inference.of(policy).actor_memory
+        assert cell is not None
+        _, numpy_after = cell(np.zeros((2, 3), np.float32), state.numpy(), agent.numpy())
+        np.testing.assert_allclose(numpy_after[:, 4:], kept, atol=1e-6)
+
+
 def test_chunks_are_cut_at_episode_starts_and_every_length_steps() -> None:
     starts = np.zeros((10, 2), bool)
     starts[4, 0] = True

@@ -254,6 +254,8 @@ class PolicyConfig:
     """Hidden units of the memory core (policy.memory)."""
     post_memory_sizes: tuple[int, ...] = ()
     """Hidden layer widths after the memory core, each followed by the activation, before the heads (sb3-contrib's RecurrentPPO puts its net_arch there, after the LSTM; RLlib's post_fcnet_hiddens). Only with policy.memory."""
+    memory_gate_bias: float = 0.0
+    """Initial bias of the memory core's keep gate (the LSTM's forget gate, the GRU's update gate): positive values start the core carrying its state across steps, about sigmoid(bias) of it per step instead of half (1 for the LSTM in Jozefowicz et al. 2015); a cue needed 32 steps later is learned with 2 and mostly not with 0 (docs/memory.md). 0: every bias starts at zero, as CleanRL's ppo_atari_lstm. No effect without policy.memory (a preset can set it for both)."""
 
     def __post_init__(self) -> None:
         _check_types(self, "policy.")
@@ -288,6 +290,10 @@ class PolicyConfig:
             ),
             f"policy.post_memory_sizes must be positive integers (empty: the heads read the "
             f"memory core's output), got {self.post_memory_sizes!r}",
+        )
+        _require(
+            _is_number(self.memory_gate_bias) and -10 <= self.memory_gate_bias <= 10,
+            f"policy.memory_gate_bias must be a number in [-10, 10], got {self.memory_gate_bias!r}",
         )
         _require(
             not self.post_memory_sizes or self.memory != "none",

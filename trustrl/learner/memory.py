@@ -5,6 +5,7 @@ weights)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -163,3 +164,16 @@ def memory_init(memory: Memory) -> None:
                 nn.init.orthogonal_(param[agent], 1.0)
         else:
             nn.init.orthogonal_(param, 1.0)
+
+
+@torch.no_grad()
+def keep_gate_bias(memory: Memory, bias: float) -> None:
+    """Start the core keeping its state (``policy.memory_gate_bias``): the gate that carries
+    the state over a step, the LSTM's forget gate f (gates i, f, g, o) or the GRU's update
+    gate z (r, z, n; h' = (1 - z) n + z h), gets ``bias`` (input bias) and 0 (recurrent
+    bias), so a step starts by keeping about sigmoid(bias) of the state instead of half
+    (Gers et al. 2000; Jozefowicz et al. 2015: 1 for the LSTM's forget gate)."""
+    size = memory.size
+    keep = slice(size, 2 * size)  # f in i, f, g, o; z in r, z, n
+    cast("Tensor", memory.rnn.bias_ih_l0)[..., keep] = bias
+    cast("Tensor", memory.rnn.bias_hh_l0)[..., keep] = 0.0

@@ -32,7 +32,7 @@ from trustrl.learner.heads import (
     MultiCategoricalHead,
     StackedLinear,
 )
-from trustrl.learner.memory import Memory, Sequences, memory_init
+from trustrl.learner.memory import Memory, Sequences, keep_gate_bias, memory_init
 from trustrl.normalize import MeanStd, RunningStats
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -345,6 +345,10 @@ class Policy(nn.Module):
             # A near-uniform initial policy keeps every action explorable.
             orthogonal_init(self.head.linear, 0.01)  # type: ignore[attr-defined]
             orthogonal_init(self.critic[1], 1.0)
+        if config.memory_gate_bias:
+            for memory in (self.actor_memory, self.critic_memory):
+                if memory is not None:
+                    keep_gate_bias(memory, config.memory_gate_bias)
 
     # The pieces the updates use.
 
