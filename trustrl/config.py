@@ -135,6 +135,15 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _check_widths(name: str, value: object, empty: str) -> None:
+    """Layer widths: a list of positive integers (``empty`` says what none means)."""
+    _require(
+        isinstance(value, tuple | list)
+        and all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in value),
+        f"{name} must be positive integers (empty: {empty}), got {value!r}",
+    )
+
+
 def _check_positive(name: str, value: float) -> None:
     _require(_is_number(value) and value > 0, f"{name} must be > 0, got {value!r}")
 
@@ -259,13 +268,10 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         _check_types(self, "policy.")
-        _require(
-            isinstance(self.hidden_sizes, tuple | list)
-            and all(
-                isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in self.hidden_sizes
-            ),
-            f"policy.hidden_sizes must be positive integers (empty: the heads read the "
-            f"encoder's features directly), got {self.hidden_sizes!r}",
+        _check_widths(
+            "policy.hidden_sizes",
+            self.hidden_sizes,
+            "the heads read the encoder's features directly",
         )
         layers = (self.cnn_channels, self.cnn_kernels, self.cnn_strides)
         _require(
@@ -282,14 +288,10 @@ class PolicyConfig:
             f"{self.cnn_linear!r}",
         )
         _check_int("policy.memory_size", self.memory_size, 1)
-        _require(
-            isinstance(self.post_memory_sizes, tuple | list)
-            and all(
-                isinstance(h, int) and not isinstance(h, bool) and h > 0
-                for h in self.post_memory_sizes
-            ),
-            f"policy.post_memory_sizes must be positive integers (empty: the heads read the "
-            f"memory core's output), got {self.post_memory_sizes!r}",
+        _check_widths(
+            "policy.post_memory_sizes",
+            self.post_memory_sizes,
+            "the heads read the memory core's output",
         )
         _require(
             _is_number(self.memory_gate_bias) and -10 <= self.memory_gate_bias <= 10,
