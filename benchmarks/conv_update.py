@@ -1,5 +1,7 @@
 """Time the image encoder's update step: ConvEncoder's forward and backward over one
-minibatch, as it runs (channels-last memory) against the same layers in NCHW, interleaved.
+minibatch, as it runs, against the same layers in the other memory layout (contiguous NCHW
+against channels-last NHWC), interleaved. ConvEncoder picks channels-last for frames the
+Nature network fits (Atari) and NCHW for small grids (MinAtar) from these figures.
 
     .venv/bin/python benchmarks/conv_update.py                 # Atari: 256 frames (4, 84, 84)
     .venv/bin/python benchmarks/conv_update.py --minatar       # 256 grids (10, 10, 4)
@@ -16,6 +18,7 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from trustrl.learner.cnn import ConvEncoder
@@ -38,14 +41,19 @@ def main() -> None:
         frames = torch.randint(0, 256, (256, *shape), dtype=torch.uint8)
     encoder = ConvEncoder(shape, last, scale=1 / 255, **layers)
 
-    def nchw(x: Tensor) -> Tensor:  # the same layers, NCHW throughout
+    other = torch.contiguous_format if encoder.nhwc else torch.channels_last
+    other_name = "NCHW" if encoder.nhwc else "channels-last"
+
+    def flipped(x: Tensor) -> Tensor:  # the same layers in the layout ConvEncoder does not use
         y = x.to(torch.float32) * encoder.scale
-        y = y.permute(0, 3, 1, 2) if last else y
+        y = (y.permute(0, 3, 1, 2) if last else y).contiguous(memory_format=other)
         for conv in encoder.convs:
-            y = torch.relu(conv(y))
+            weight = conv.weight.contiguous(memory_format=other)
+            y = torch.relu(F.conv2d(y, weight, conv.bias, conv.stride))
         return torch.relu(encoder.linear(y.flatten(1)))
 
-    ways: dict[str, Callable[[Tensor], Tensor]] = {"channels-last (as run)": encoder, "NCHW": nchw}
+    as_run = f"{'channels-last' if encoder.nhwc else 'NCHW'} (as run)"
+    ways: dict[str, Callable[[Tensor], Tensor]] = {as_run: encoder, other_name: flipped}
     times: dict[str, list[float]] = {name: [] for name in ways}
 
     def step(way: Callable[[Tensor], Tensor]) -> None:
@@ -64,7 +72,7 @@ def main() -> None:
     medians = {name: statistics.median(t) for name, t in times.items()}
     for name, value in medians.items():
         print(f"{name:24s} {value:8.1f} ms")
-    print(f"NCHW / channels-last     {medians['NCHW'] / medians['channels-last (as run)']:8.2f}x")
+    print(f"{other_name + ' / as run':24s} {medians[other_name] / medians[as_run]:8.2f}x")
 
 
 if __name__ == "__main__":

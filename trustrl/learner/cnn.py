@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trustrl.acting.conv import conv_sizes, default_layers, image_hwc, image_scale
+from trustrl.acting.conv import NATURE_MIN_SIDE, conv_sizes, default_layers, image_hwc, image_scale
 
 __all__ = ["ConvEncoder", "default_layers", "image_scale"]
 
@@ -58,7 +58,14 @@ class ConvEncoder(nn.Module):
             "strides": [int(s) for s in strides],
             "linear": int(linear),
         }
-        in_channels = image_hwc(image_shape, channels_last)[2]
+        frame_height, frame_width, in_channels = image_hwc(image_shape, channels_last)
+        # The memory the convolutions run in, picked by measurement (one thread, forward and
+        # backward over a 256-frame minibatch, benchmarks/conv_update.py): oneDNN's
+        # channels-last (NHWC) kernels take the Nature CNN on Atari's 84 x 84 frames about
+        # 1.4x faster than NCHW (240 against 340 ms), and MinAtar's one 3 x 3 layer on its
+        # 10 x 10 grids about 1.25x slower (4.8 against 3.9 ms): channels-last for frames
+        # the Nature network fits, NCHW for the small grids.
+        self.nhwc = min(frame_height, frame_width) >= NATURE_MIN_SIDE
         self.convs = nn.ModuleList()
         for out, kernel, stride in zip(channels, kernels, strides, strict=True):
             self.convs.append(nn.Conv2d(in_channels, int(out), int(kernel), int(stride)))
@@ -78,14 +85,13 @@ class ConvEncoder(nn.Module):
             x = x * self.scale
         if self.channels_last:
             x = x.permute(0, 3, 1, 2)
-        # The convolutions in channels-last memory (NHWC), activations and weights alike:
-        # oneDNN's CPU kernels take the Nature CNN's forward and backward over a 256-frame
-        # minibatch about 1.4x faster so than NCHW (one thread: 240 against 340 ms). The
-        # weights are converted per call (a copy of 78k floats, which the gradient passes
-        # through): the optimizer keeps every parameter a view of its flat buffer.
-        x = x.contiguous(memory_format=torch.channels_last)
+        # In channels-last memory (self.nhwc) the weights are converted per call too (a copy
+        # of 78k floats for the Nature CNN, which the gradient passes through): the
+        # optimizer keeps every parameter a view of its flat buffer.
+        layout = torch.channels_last if self.nhwc else torch.contiguous_format
+        x = x.contiguous(memory_format=layout)
         for conv in cast("list[nn.Conv2d]", self.convs):
-            weight = conv.weight.contiguous(memory_format=torch.channels_last)
+            weight = conv.weight.contiguous(memory_format=layout)
             x = torch.relu(F.conv2d(x, weight, conv.bias, conv.stride))
         return torch.relu(self.linear(x.flatten(1)))
 
