@@ -4,6 +4,7 @@ a final deterministic and stochastic evaluation, beside gymnax's published PPO f
     .venv/bin/python benchmarks/pixels.py --run-root /work/minatar-runs          # train + report
     .venv/bin/python benchmarks/pixels.py --run-root /work/minatar-runs --games Breakout --seeds 1
     .venv/bin/python benchmarks/pixels.py --run-root /work/minatar-runs --report-only
+    .venv/bin/python benchmarks/pixels.py --run-root /work/minatar-runs --sticky 0   # gymnax's
 
 One run at a time, seed-major (every game's first seed before any second seed), each
 ``trustrl train MinAtar/<game>-v1 --seed S`` in a subprocess. A run cut short (the end of
@@ -12,9 +13,15 @@ starts (``trustrl train --resume``): nothing trained is lost. A finished run is
 evaluated once, 100 episodes deterministic and 100 stochastic (the policy samples, as
 gymnax's figures do), and marked done (``result.json``).
 
+The presets play the minatar package's games with its sticky actions (0.1, the benchmark as
+Young & Tian 2019 define it); gymnax's games, whose figures the table stands beside, have
+none. ``--sticky P`` trains and evaluates with ``sticky_action_prob = P`` instead
+(``--sticky 0``: gymnax's protocol); each run records its own, and the report gives each
+protocol its rows.
+
 The report (stdout, and with ``--write-docs`` the table between the markers of
-docs/pixels.md) gives per game the mean over the finished seeds, the worst seed, the
-wall time of a run and gymnax's figure.
+docs/pixels.md) gives per game and protocol the mean over the finished seeds, the worst
+seed, the wall time of a run and gymnax's figure.
 """
 
 from __future__ import annotations
@@ -37,15 +44,22 @@ GYMNAX = {"Breakout": 28.0, "SpaceInvaders": 131.0, "Asterix": 15.0, "Freeway": 
 GAMES = ("Breakout", "SpaceInvaders", "Asterix", "Freeway")
 EPISODES = 100
 RESULT = "result.json"
+PRESET_STICKY = 0.1  # the minatar package's default, which the presets keep
+EPISODE_STEPS = 1000  # the presets' max_episode_steps (gymnax's max_steps_in_episode)
 MARKERS = ("<!-- pixels-table:start -->", "<!-- pixels-table:end -->")
 
 
-def run_dir(root: Path, game: str, seed: int) -> Path:
-    return root / f"{game}__{seed}"
+def run_dir(root: Path, game: str, seed: int, sticky: float | None = None) -> Path:
+    """A run's folder: ``<game>__<seed>`` with the preset's sticky actions, else
+    ``<game>__sticky<P>__<seed>``."""
+    if sticky is None or sticky == PRESET_STICKY:
+        return root / f"{game}__{seed}"
+    return root / f"{game}__sticky{sticky:g}__{seed}"
 
 
-def train(folder: Path, game: str, seed: int) -> float:
-    """Train (or resume) one run to its preset's budget; the wall seconds it took now."""
+def train(folder: Path, game: str, seed: int, sticky: float | None) -> float:
+    """Train (or resume) one run to its preset's budget, with sticky actions of probability
+    ``sticky`` (None: the preset's); the wall seconds it took now."""
     start = time.monotonic()
     if (folder / "checkpoints").is_dir() and any((folder / "checkpoints").iterdir()):
         command = [*TRUSTRL, "train", "--resume", str(folder), "--quiet"]
@@ -53,6 +67,11 @@ def train(folder: Path, game: str, seed: int) -> float:
         env_id = f"MinAtar/{game}-v1"
         command = [*TRUSTRL, "train", env_id, "--seed", str(seed), "--run-dir", str(folder)]
         command += ["--overwrite", "--quiet"]
+        if sticky is not None:  # a config over the preset: its env.kwargs with sticky_action_prob
+            overlay = folder.parent / f"sticky{sticky:g}.toml"
+            kwargs = f"max_episode_steps = {EPISODE_STEPS}, sticky_action_prob = {float(sticky)!r}"
+            overlay.write_text(f"[env]\nkwargs = {{ {kwargs} }}\n")
+            command += ["--config", str(overlay)]
     subprocess.run(command, check=True, cwd=ROOT)
     return time.monotonic() - start
 
@@ -64,11 +83,13 @@ def evaluate(folder: Path, deterministic: bool) -> dict[str, Any]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def finish(folder: Path, game: str, seed: int) -> None:
-    """Evaluate a trained run and mark it done (atomically)."""
+def finish(folder: Path, game: str, seed: int, sticky: float | None) -> None:
+    """Evaluate a trained run (with the sticky actions it trained with: the run's config)
+    and mark it done (atomically)."""
     result = {
         "game": game,
         "seed": seed,
+        "sticky": PRESET_STICKY if sticky is None else float(sticky),
         "deterministic": evaluate(folder, True),
         "stochastic": evaluate(folder, False),
     }
@@ -83,33 +104,39 @@ def results(root: Path) -> list[dict[str, Any]]:
 
 def report(root: Path) -> str:
     rows = [
-        "| game | seeds done | deterministic, mean (worst) | stochastic, mean (worst) "
-        "| gymnax PPO (stochastic) | above | wall per run |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| game | sticky actions | seeds done | deterministic, mean (worst) "
+        "| stochastic, mean (worst) | gymnax PPO (stochastic, no sticky actions) | above "
+        "| wall per run |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     found = results(root)
     for game in GAMES:
-        mine = [r for r in found if r["game"] == game]
-        if not mine:
-            rows.append(f"| {game} | 0 | not yet measured | | {GYMNAX[game]:g} | | |")
-            continue
-        det = [r["deterministic"]["mean_return"] for r in mine]
-        sto = [r["stochastic"]["mean_return"] for r in mine]
-        walls = [_wall(root, game, r["seed"]) for r in mine]
-        above = "yes" if statistics.mean(sto) > GYMNAX[game] else "no"
-        rows.append(
-            f"| {game} | {len(mine)} ({', '.join(str(r['seed']) for r in mine)}) "
-            f"| {statistics.mean(det):.1f} ({min(det):.1f}) "
-            f"| {statistics.mean(sto):.1f} ({min(sto):.1f}) | {GYMNAX[game]:g} | {above} "
-            f"| {statistics.median(walls) / 60:.0f} min |"
-        )
+        runs = [r for r in found if r["game"] == game]
+        if not runs:
+            rows.append(f"| {game} | | 0 | not yet measured | | {GYMNAX[game]:g} | | |")
+        for sticky in sorted({r.get("sticky", PRESET_STICKY) for r in runs}, reverse=True):
+            mine = [r for r in runs if r.get("sticky", PRESET_STICKY) == sticky]
+            rows.append(_row(root, game, sticky, mine))
     return "\n".join(rows)
 
 
-def _wall(root: Path, game: str, seed: int) -> float:
+def _row(root: Path, game: str, sticky: float, mine: list[dict[str, Any]]) -> str:
+    det = [r["deterministic"]["mean_return"] for r in mine]
+    sto = [r["stochastic"]["mean_return"] for r in mine]
+    walls = [_wall(run_dir(root, game, r["seed"], sticky)) for r in mine]
+    above = "yes" if statistics.mean(sto) > GYMNAX[game] else "no"
+    return (
+        f"| {game} | {sticky:g} | {len(mine)} ({', '.join(str(r['seed']) for r in mine)}) "
+        f"| {statistics.mean(det):.1f} ({min(det):.1f}) "
+        f"| {statistics.mean(sto):.1f} ({min(sto):.1f}) | {GYMNAX[game]:g} | {above} "
+        f"| {statistics.median(walls) / 60:.0f} min |"
+    )
+
+
+def _wall(folder: Path) -> float:
     """A run's training wall time: progress.csv's last wall_time (it spans resumed
     sessions: the trainer carries it in the checkpoint)."""
-    lines = (run_dir(root, game, seed) / "progress.csv").read_text().splitlines()
+    lines = (folder / "progress.csv").read_text().splitlines()
     header = lines[0].split(",")
     return float(lines[-1].split(",")[header.index("wall_time")])
 
@@ -126,6 +153,13 @@ def main() -> None:
     parser.add_argument("--run-root", type=Path, required=True)
     parser.add_argument("--games", default=",".join(GAMES))
     parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument(
+        "--sticky",
+        type=float,
+        default=None,
+        help="sticky_action_prob to train and evaluate with (default: the "
+        "preset's 0.1; 0: gymnax's protocol)",
+    )
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
@@ -138,12 +172,12 @@ def main() -> None:
     if not args.report_only:
         for seed in seeds:
             for game in games:
-                folder = run_dir(args.run_root, game, seed)
+                folder = run_dir(args.run_root, game, seed, args.sticky)
                 if (folder / RESULT).exists():
                     continue
                 print(f"{game} seed {seed} ...", flush=True)
-                seconds = train(folder, game, seed)
-                finish(folder, game, seed)
+                seconds = train(folder, game, seed, args.sticky)
+                finish(folder, game, seed, args.sticky)
                 result = json.loads((folder / RESULT).read_text())
                 print(
                     f"  deterministic {result['deterministic']['mean_return']:.1f}, "
