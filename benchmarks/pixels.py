@@ -21,7 +21,11 @@ protocol its rows.
 
 The report (stdout, and with ``--write-docs`` the table between the markers of
 docs/pixels.md) gives per game and protocol the mean over the finished seeds, the worst
-seed, the wall time of a run and gymnax's figure.
+seed, the wall time of a run and gymnax's figure. Run folders do not outlive a machine,
+so each finished run's result is also kept in ``docs/benchmarks-pixels/minatar.json``
+(``--write-docs`` adds the run root's to it): the report is of every run measured, in
+any sitting, a run under the run root replacing the record of the same game, protocol
+and seed.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ RESULT = "result.json"
 PRESET_STICKY = 0.1  # the minatar package's default, which the presets keep
 EPISODE_STEPS = 1000  # the presets' max_episode_steps (gymnax's max_steps_in_episode)
 MARKERS = ("<!-- pixels-table:start -->", "<!-- pixels-table:end -->")
+RECORD = ROOT / "docs" / "benchmarks-pixels" / "minatar.json"
 
 
 def run_dir(root: Path, game: str, seed: int, sticky: float | None = None) -> Path:
@@ -98,38 +103,49 @@ def finish(folder: Path, game: str, seed: int, sticky: float | None) -> None:
     tmp.replace(folder / RESULT)
 
 
-def results(root: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(root.glob(f"*/{RESULT}"))]
+def results(root: Path, record: Path = RECORD) -> list[dict[str, Any]]:
+    """Every measured run: the record's (earlier sittings), replaced by the run root's of
+    the same game, protocol and seed; each with its training wall time (``wall_seconds``,
+    None where the record has none)."""
+
+    def key(result: dict[str, Any]) -> tuple[str, float, int]:
+        return result["game"], float(result.get("sticky", PRESET_STICKY)), int(result["seed"])
+
+    found = {key(r): r for r in (json.loads(record.read_text()) if record.is_file() else [])}
+    for path in sorted(root.glob(f"*/{RESULT}")):
+        result = json.loads(path.read_text())
+        found[key(result)] = {**result, "wall_seconds": _wall(path.parent)}
+    return sorted(found.values(), key=key)
 
 
-def report(root: Path) -> str:
+def report(found: list[dict[str, Any]]) -> str:
     rows = [
         "| game | sticky actions | seeds done | deterministic, mean (worst) "
         "| stochastic, mean (worst) | gymnax PPO (stochastic, no sticky actions) | above "
         "| wall per run |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    found = results(root)
     for game in GAMES:
         runs = [r for r in found if r["game"] == game]
         if not runs:
             rows.append(f"| {game} | | 0 | not yet measured | | {GYMNAX[game]:g} | | |")
         for sticky in sorted({r.get("sticky", PRESET_STICKY) for r in runs}, reverse=True):
             mine = [r for r in runs if r.get("sticky", PRESET_STICKY) == sticky]
-            rows.append(_row(root, game, sticky, mine))
+            rows.append(_row(game, sticky, mine))
     return "\n".join(rows)
 
 
-def _row(root: Path, game: str, sticky: float, mine: list[dict[str, Any]]) -> str:
+def _row(game: str, sticky: float, mine: list[dict[str, Any]]) -> str:
     det = [r["deterministic"]["mean_return"] for r in mine]
     sto = [r["stochastic"]["mean_return"] for r in mine]
-    walls = [_wall(run_dir(root, game, r["seed"], sticky)) for r in mine]
+    walls = [r["wall_seconds"] for r in mine if r.get("wall_seconds") is not None]
+    wall = f"{statistics.median(walls) / 60:.0f} min" if walls else "-"
     above = "yes" if statistics.mean(sto) > GYMNAX[game] else "no"
     return (
         f"| {game} | {sticky:g} | {len(mine)} ({', '.join(str(r['seed']) for r in mine)}) "
         f"| {statistics.mean(det):.1f} ({min(det):.1f}) "
         f"| {statistics.mean(sto):.1f} ({min(sto):.1f}) | {GYMNAX[game]:g} | {above} "
-        f"| {statistics.median(walls) / 60:.0f} min |"
+        f"| {wall} |"
     )
 
 
@@ -185,10 +201,12 @@ def main() -> None:
                     f"{seconds / 60:.1f} min this session",
                     flush=True,
                 )
-    table = report(args.run_root)
+    found = results(args.run_root)
+    table = report(found)
     print(table)
     if args.write_docs:
         write_docs(table)
+        RECORD.write_text(json.dumps(found, indent=1) + "\n")
 
 
 if __name__ == "__main__":
