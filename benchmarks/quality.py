@@ -1002,6 +1002,22 @@ def render(
     return "\n".join(lines)
 
 
+# "What was tried": the tuning runs and studies behind the presets (their seeds, settings
+# and scores), kept out of the table. Written by hand between these markers; every report
+# keeps what the document it replaces held there.
+TRIED = ("<!-- tried:start -->", "<!-- tried:end -->")
+
+
+def tried_section(doc: Path) -> str:
+    """The hand-written section between ``TRIED``'s markers of ``doc`` (markers included),
+    or an empty one."""
+    text = doc.read_text() if doc.is_file() else ""
+    if TRIED[0] in text and TRIED[1] in text:
+        start, end = text.index(TRIED[0]), text.index(TRIED[1]) + len(TRIED[1])
+        return text[start:end]
+    return f"{TRIED[0]}\n## What was tried\n\nNothing yet.\n{TRIED[1]}"
+
+
 # What a video of a locomotion env shows: written by hand once (a video takes minutes to
 # render on these CPUs), kept by every report.
 VIDEOS = [
@@ -1163,7 +1179,8 @@ def report(args: argparse.Namespace) -> None:
     refs = reference_scores(args.multiagent) if args.multiagent else {}
     info = machine()
     args.doc.parent.mkdir(parents=True, exist_ok=True)
-    args.doc.write_text(render(cells, multi, refs, args.seeds, plots, info) + "\n")
+    tried = tried_section(args.doc)
+    args.doc.write_text(render(cells, multi, refs, args.seeds, plots, info) + "\n" + tried + "\n")
     data = {"seeds": args.seeds, "machine": info, "cells": cells, "multiagent": multi}
     args.doc.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {args.doc} and {args.doc.with_suffix('.json')} ({len(cells)} cells)")

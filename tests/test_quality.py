@@ -235,6 +235,15 @@ def test_cells_whose_runs_are_gone_are_carried_over_and_new_ones_replace_theirs(
     finish(quality, first, quality.SB3, "Hopper-v5", 101, 2200.0, **budget)  # one seed
     argv = ["--report-only", "--doc", str(doc), "--plots", str(plots)]
     assert quality.main([*argv, "--run-root", str(first)]) == 0
+    assert "## What was tried\n\nNothing yet." in doc.read_text()
+    # What was tried is written by hand between the markers: every report keeps it.
+    tried = (
+        "\n".join(
+            ["<!-- tried:start -->", "## What was tried", "", "Walker2d, seed 201: 3,910.", ""]
+        )
+        + "<!-- tried:end -->"
+    )
+    doc.write_text(doc.read_text().split("<!-- tried:start -->")[0] + tried + "\n")
     # A new machine: the first runs are gone; TRPO Hopper and a new PPO Walker2d are measured.
     second = tmp_path / "second"
     for seed in quality.SEEDS:
@@ -247,6 +256,7 @@ def test_cells_whose_runs_are_gone_are_carried_over_and_new_ones_replace_theirs(
     # A carried cell keeps its curves' test as measured, beside the suite's figures now.
     assert "| yes | 20.0 min | 2,410 (SB3 zoo); 2,609 (Tianshou); 2,382.9 (CleanRL); ~2,330" in text
     assert "| ppo | Walker2d-v5 | 999,936 | **4,000.0** |" in text  # replaced, not carried
+    assert text.endswith(tried + "\n") and text.count("What was tried") == 1
     assert "1,000.0" not in text
     assert "![Hopper-v5 (ppo)](quality/Hopper-v5.png)" in text  # the carried cell's curve
     assert "![Hopper-v5 (trpo)](quality/Hopper-v5__trpo.png)" in text
