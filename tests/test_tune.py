@@ -230,6 +230,31 @@ def test_ctrl_c_stops_the_running_trials_and_the_study_resumes(
     assert [t.params for t in trials[2:]] == [t.params for t in trials[:2]]
 
 
+def test_ctrl_c_stops_a_study_of_one_job_after_its_trial(tmp_path: Path, space_file: Path) -> None:
+    # One job trains its trial in the study's process, where the trainer's own Ctrl-C
+    # handler takes the signal: the study stopped its trial and then started the next.
+    study_dir = tmp_path / "study"
+    argv = ["tune", "CartPole-v1", "--trials", "3", "--budget", "16384"]
+    argv += ["--space", str(space_file), "--study-dir", str(study_dir)]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "trustrl.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    progress = study_dir / "trials" / "trial_0000" / "progress.csv"
+    deadline = time.monotonic() + 120
+    while not progress.is_file():  # trial 0 training
+        assert child.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    child.send_signal(signal.SIGINT)
+    out, _ = child.communicate(timeout=120)
+    assert child.returncode == 130, out
+    assert "trial 0: interrupted" in out and "trial 1 (seed" not in out, out
+    assert not (study_dir / "trials" / "trial_0001").exists()
+    assert f"resume the study with:\n  trustrl tune --study-dir {study_dir}" in out
+
+
 def test_trials_run_side_by_side_in_child_processes(tmp_path: Path, space_file: Path) -> None:
     settings = tuning.plan(
         tmp_path / "study", "CartPole-v1", budget=2048, space=space_file, trials=2, jobs=2

@@ -542,7 +542,10 @@ class _Trials:
         except TrialFailed:
             return self._tell(trial, state=state.FAIL)
         except TrialInterrupted:
+            # The study stops with its trial: with one job the trial trains in this
+            # process, under the trainer's own Ctrl-C handler, so the study's never ran.
             self.interrupted = True
+            self.objective.stop()
             return self._tell(trial, state=state.FAIL)
         except BaseException:
             trial.set_user_attr("stopped", "an error in the study's process")
