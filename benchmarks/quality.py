@@ -15,8 +15,11 @@ preset's is longer (``TABLE_STEPS``: every published figure is at 1M), then
 evaluates the final policy deterministically over 10 episodes (reset seeds
 ``EVAL_SEED + i``, the same episodes for every run, none of them used for training or for
 a preset's early stop). A run folder holding ``quality.json`` is finished and is never
-trained again; one without it (a killed run) is trained again from the start, so the
-table's wall times are whole runs. The report (``docs/quality.md`` and
+trained again; one without it (a run killed, or cut by the end of a working session)
+resumes from its last checkpoint (``trustrl train --resume``, exact), and its wall time
+adds up its sessions (the trainer carries it in the checkpoint; the steps between that
+checkpoint and the kill are trained again, and counted again). An SB3 run, or one killed
+before its first checkpoint, is trained again from the start. The report (``docs/quality.md`` and
 ``docs/quality.json``) is written from every finished run under the run root whose seed
 is one of ``--seeds``, so runs made by separate invocations add up to one table.
 
@@ -314,7 +317,7 @@ def work(job: Job, run_dir: Path, code: dict[str, Any]) -> None:
     # trustrl's public names, not its modules: the snapshot a worker imports may have
     # trustrl's modules in folders or not (the layout moved while the suite was in use).
     import trustrl
-    from trustrl.config import config_to_dict
+    from trustrl.config import config_from_dict, config_to_dict, read_toml
 
     preset = trustrl.resolve(job.env_id, job.algo)
     overrides: dict[str, Any] = {
@@ -333,12 +336,17 @@ def work(job: Job, run_dir: Path, code: dict[str, Any]) -> None:
         overrides["total_steps"] = job.total_steps
     if preset.eval_every == 0:  # a preset's own (e.g. CartPole's, with its early stop) stays
         overrides["eval_every"] = max(1, round(job.eval_every / preset.batch_size))
-    config = trustrl.resolve(job.env_id, job.algo, overrides=overrides)
-    # The folder holds this worker's log already: a new run into it, on purpose.
-    trainer = trustrl.Trainer(config, overwrite=True)
+    if resumable(job, run_dir):  # with the config it started with, whatever the preset is now
+        config = config_from_dict(read_toml(run_dir / "config.toml"))
+        trainer = trustrl.Trainer(config, run_dir, resume=True)
+    else:
+        config = trustrl.resolve(job.env_id, job.algo, overrides=overrides)
+        # The folder holds this worker's log already: a new run into it, on purpose.
+        trainer = trustrl.Trainer(config, overwrite=True)
+    trained_s = trainer.wall_time  # the earlier sessions' training time (0 for a new run)
     setup_s = time.perf_counter() - PROCESS_START
     trainer.train()
-    train_s = time.perf_counter() - PROCESS_START - setup_s
+    train_s = trained_s + time.perf_counter() - PROCESS_START - setup_s
     # The evaluation the trainer itself runs.
     final = trustrl.evaluate(
         trainer.policy, job.env_id, EVAL_EPISODES, True, EVAL_SEED, config.env.kwargs
@@ -483,10 +491,23 @@ def plan(args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
+def resumable(job: Job, folder: Path) -> bool:
+    """A killed trustrl run with a checkpoint to continue from."""
+    checkpoints = folder / "checkpoints"
+    return (
+        job.algo != SB3
+        and (folder / "config.toml").is_file()
+        and checkpoints.is_dir()
+        and any(checkpoints.iterdir())
+    )
+
+
 def status(job: Job, run_root: Path) -> str:
     folder = run_root / job.name
     if (folder / DONE).is_file():
         return "done"
+    if resumable(job, folder):
+        return "partial: resumed"
     return "partial: trained again" if folder.exists() else "to train"
 
 
@@ -528,12 +549,13 @@ def run_all(
     env = {**os.environ, "QUALITY_CODE": folder}
     for n, job in enumerate(todo, start=1):
         run_dir = run_root / job.name
-        if run_dir.exists():
-            shutil.rmtree(run_dir)  # a killed run: its wall time would not be a whole run's
-        run_dir.mkdir(parents=True)
-        print(f"[{n}/{len(todo)}] {job.name} ...", flush=True)
+        resume = resumable(job, run_dir)
+        if run_dir.exists() and not resume:
+            shutil.rmtree(run_dir)  # killed before a checkpoint: nothing to continue from
+        run_dir.mkdir(parents=True, exist_ok=True)
+        print(f"[{n}/{len(todo)}] {job.name} {'(resumed) ' if resume else ''}...", flush=True)
         payload = json.dumps({"job": asdict(job), "run_dir": str(run_dir), "code": code})
-        with (run_dir / "worker.log").open("w") as log:
+        with (run_dir / "worker.log").open("a" if resume else "w") as log:
             try:
                 result = subprocess.run(
                     [sys.executable, __file__, "--worker", payload],

@@ -278,3 +278,34 @@ def test_cells_whose_runs_are_gone_are_carried_over_and_new_ones_replace_theirs(
     assert "| ppo | Hopper-v5 | 1,000,000 | **2,500.0** |" in text and "2,000.0" not in text
     assert "| trpo † | Hopper-v5 |" in text
     assert "![Hopper-v5 (trpo)](quality/Hopper-v5__trpo.png)" in text
+
+
+def test_a_killed_run_resumes_from_its_checkpoint_and_adds_up_its_wall_time(
+    quality, tmp_path: Path
+) -> None:
+    # A run of 4 iterations killed after its second: its config says 4, its checkpoint 2.
+    job = quality.Job("ppo", "CartPole-v1", 101, 4 * 512, 512)
+    folder = tmp_path / job.name
+    overrides = {"seed": 101, "run_dir": str(folder), "quiet": True, "checkpoint_every": 1}
+    overrides |= {"env": {"num_envs": 1}, "rollout": {"num_steps": 512}, "eval_every": 0}
+    first = trustrl.Trainer(
+        trustrl.resolve("CartPole-v1", "ppo", overrides=overrides | {"total_steps": 2 * 512})
+    )
+    first.train()
+    config_path = folder / "config.toml"
+    config_path.write_text(config_path.read_text().replace(f"{2 * 512}", f"{4 * 512}", 1))
+    assert "total_steps = 2048" in config_path.read_text()
+    assert quality.status(job, tmp_path) == "partial: resumed"
+    quality.work(job, folder, {"commit": "", "dirty": False, "live": True})
+    record = json.loads((folder / quality.DONE).read_text())
+    assert record["env_steps"] == 4 * 512
+    assert record["train_s"] >= first.wall_time
+    assert record["config"]["env"]["num_envs"] == 1  # the run's own config, not the preset's
+    iterations = [int(row["iteration"]) for row in csv.DictReader((folder / "progress.csv").open())]
+    assert iterations == [1, 2, 3, 4]  # continued, not trained again
+    assert quality.status(job, tmp_path) == "done"
+    # An SB3 run has no checkpoint to continue from; nor has a run killed before its first.
+    (tmp_path / "sb3-ppo__Hopper-v5__101").mkdir()
+    assert quality.status(quality.Job(quality.SB3, "Hopper-v5", 101, None, 0), tmp_path) == (
+        "partial: trained again"
+    )
