@@ -923,6 +923,14 @@ def render(
             )
             + ". These cells measure the presets at 1M, not at the budget they are meant for.",
         ]
+    walls = [w for cell in cells for w in cell["wall_s"]]
+    if walls:
+        lines += [
+            "",
+            f"Compute: the table's {len(walls)} runs took {sum(walls) / 3600:.1f} h of one core "
+            "in all (the sum of their wall times; the tuning runs and studies listed at the "
+            "end come on top).",
+        ]
     unpublished = [
         f"{cell['algo']} {cell['env_id']}"
         for cell in cells

@@ -178,6 +178,7 @@ def test_report_writes_the_table_from_finished_runs(
         "not every seed | 20.0 min (eval 2,200.0) |" in text
     )
     assert "| mappo-centric | **-10.04** |" in text  # from docs/multiagent.json
+    assert "Compute: the table's 4 runs took 1.3 h of one core in all" in text  # 4 x 20 min
     assert "![Hopper-v5](quality/Hopper-v5.png)" in text
     assert (tmp_path / "docs" / "quality" / "Hopper-v5.png").read_bytes()[:4] == b"\x89PNG"
 
