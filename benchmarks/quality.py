@@ -19,9 +19,10 @@ trained again; one without it (a run killed, or cut by the end of a working sess
 resumes from its last checkpoint (``trustrl train --resume``, exact), and its wall time
 adds up its sessions (the trainer carries it in the checkpoint; the steps between that
 checkpoint and the kill are trained again, and counted again). An SB3 run, or one killed
-before its first checkpoint, is trained again from the start. The report (``docs/quality.md`` and
-``docs/quality.json``) is written from every finished run under the run root whose seed
-is one of ``--seeds``, so runs made by separate invocations add up to one table.
+before its first checkpoint, is trained again from the start. The report
+(``docs/quality.md`` and ``docs/quality.json``) is written from every finished run under
+the run root whose seed is one of ``--seeds``, so runs made by separate invocations add
+up to one table.
 
 Per cell: the mean over seeds of the final evaluation, each seed's, the worst seed's (a
 preset is also judged on seeds outside the table, where a lucky mean does not carry over),
