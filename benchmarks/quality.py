@@ -314,13 +314,10 @@ class Job:
 # The worker: one run, in its own process.
 
 
-def work(job: Job, run_dir: Path, code: dict[str, Any]) -> None:
-    # trustrl's public names, not its modules: the snapshot a worker imports may have
-    # trustrl's modules in folders or not (the layout moved while the suite was in use).
+def new_run_config(job: Job, run_dir: Path, preset: Any) -> Any:
+    """The shipped preset as the suite trains it: the job's seed and budget, one core."""
     import trustrl
-    from trustrl.config import config_from_dict, config_to_dict, read_toml
 
-    preset = trustrl.resolve(job.env_id, job.algo)
     overrides: dict[str, Any] = {
         "seed": job.seed,
         "run_dir": str(run_dir),
@@ -337,11 +334,21 @@ def work(job: Job, run_dir: Path, code: dict[str, Any]) -> None:
         overrides["total_steps"] = job.total_steps
     if preset.eval_every == 0:  # a preset's own (e.g. CartPole's, with its early stop) stays
         overrides["eval_every"] = max(1, round(job.eval_every / preset.batch_size))
+    return trustrl.resolve(job.env_id, job.algo, overrides=overrides)
+
+
+def work(job: Job, run_dir: Path, code: dict[str, Any]) -> None:
+    # trustrl's public names, not its modules: the snapshot a worker imports may have
+    # trustrl's modules in folders or not (the layout moved while the suite was in use).
+    import trustrl
+    from trustrl.config import config_from_dict, config_to_dict, read_toml
+
+    preset = trustrl.resolve(job.env_id, job.algo)
     if resumable(job, run_dir):  # with the config it started with, whatever the preset is now
         config = config_from_dict(read_toml(run_dir / "config.toml"))
         trainer = trustrl.Trainer(config, run_dir, resume=True)
     else:
-        config = trustrl.resolve(job.env_id, job.algo, overrides=overrides)
+        config = new_run_config(job, run_dir, preset)
         # The folder holds this worker's log already: a new run into it, on purpose.
         trainer = trustrl.Trainer(config, overwrite=True)
     trained_s = trainer.wall_time  # the earlier sessions' training time (0 for a new run)

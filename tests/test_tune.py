@@ -158,19 +158,24 @@ def test_a_trial_that_cannot_learn_is_pruned(tmp_path: Path, space_file: Path) -
     assert any(line.startswith("trial 1: pruned at") for line in lines)
 
 
-def test_the_study_resumes_after_sigkill(
-    tmp_path: Path, space_file: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    study_dir = tmp_path / "study"
-    argv = ["tune", "CartPole-v1", "--trials", "3", "--budget", BUDGET]
+def start_study(study_dir: Path, space_file: Path, budget: str) -> subprocess.Popen[str]:
+    """`trustrl tune` of 3 CartPole trials in a child process, its output on a pipe."""
+    argv = ["tune", "CartPole-v1", "--trials", "3", "--budget", budget]
     argv += ["--space", str(space_file), "--study-dir", str(study_dir)]
-    child = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "trustrl.cli", *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+
+
+def test_the_study_resumes_after_sigkill(
+    tmp_path: Path, space_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    study_dir = tmp_path / "study"
+    child = start_study(study_dir, space_file, BUDGET)
     assert child.stdout is not None
     seen = []
     for line in child.stdout:  # killed once trial 0 finished and trial 1 is training
@@ -234,14 +239,7 @@ def test_ctrl_c_stops_a_study_of_one_job_after_its_trial(tmp_path: Path, space_f
     # One job trains its trial in the study's process, where the trainer's own Ctrl-C
     # handler takes the signal: the study stopped its trial and then started the next.
     study_dir = tmp_path / "study"
-    argv = ["tune", "CartPole-v1", "--trials", "3", "--budget", "16384"]
-    argv += ["--space", str(space_file), "--study-dir", str(study_dir)]
-    child = subprocess.Popen(
-        [sys.executable, "-m", "trustrl.cli", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    child = start_study(study_dir, space_file, "16384")
     progress = study_dir / "trials" / "trial_0000" / "progress.csv"
     deadline = time.monotonic() + 120
     while not progress.is_file():  # trial 0 training
