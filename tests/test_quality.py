@@ -174,8 +174,8 @@ def test_report_writes_the_table_from_finished_runs(
     # SB3 trains whole rollouts past the budget: that is no early stop.
     assert "| sb3-ppo | Hopper-v5 | 1,000,000 (ran 1,000,448) | **2,200.0** |" in text
     assert (
-        "| ppo | Hopper-v5 | 2,410 | 20,480 env steps | 10.0 min / not reached / 15.0 min | "
-        "not every seed | 20.0 min (eval 2,200.0) |" in text
+        "| ppo | Hopper-v5 | 2,410 (SB3 zoo) | 20,480 env steps | "
+        "10.0 min / not reached / 15.0 min | not every seed | 20.0 min (eval 2,200.0) |" in text
     )
     assert "| mappo-centric | **-10.04** |" in text  # from docs/multiagent.json
     assert "Compute: the table's 4 runs took 1.3 h of one core in all" in text  # 4 x 20 min
@@ -187,7 +187,7 @@ def test_report_writes_the_table_from_finished_runs(
     assert cell["seeds"] == [101, 102, 103] and cell["mean"] == pytest.approx(2500.0)
     assert cell["iqm"] == pytest.approx(2500.0)  # 3 seeds: IQM trims none
     assert 2000.0 <= cell["low"] < 2500.0 < cell["high"] <= 3000.0
-    assert cell["time_to_zoo_s"] == [600.0, None, 900.0]
+    assert cell["bar"] == 2410 and cell["time_to_bar_s"] == [600.0, None, 900.0]
     assert cell["worst"] == 2000.0 and cell["curve_drops"] == [0.0, 0.0, 0.0]
 
 
@@ -210,6 +210,7 @@ def test_the_table_names_a_fallen_curve_a_cell_without_figures_and_a_shortened_b
             600.0,
             budget=999_936,
             preset_budget=9_999_872,
+            evals=[[20_480, 300.0, 500.0], [40_960, 420.0, 800.0]],
         )
     doc = tmp_path / "docs" / "quality.md"
     argv = ["--report-only", "--run-root", str(runs), "--doc", str(doc), "--multiagent", ""]
@@ -221,6 +222,10 @@ def test_the_table_names_a_fallen_curve_a_cell_without_figures_and_a_shortened_b
     assert "| ppo | Humanoid-v5 | 999,936; the preset's: 9,999,872 | **600.0** |" in text
     assert "| 787.1 (Tianshou); 716.1 (CleanRL) | 787.1 | **no** |" in text
     assert "ppo Humanoid-v5 (999,936 here, the preset's 9,999,872)" in text
+    # No zoo figure: time to quality counts to the target; no target, no row.
+    assert "| ppo | Humanoid-v5 | 787.1 (target) | " in text
+    assert "| 7.0 min / 7.0 min / 7.0 min | 7.0 min | - |" in text
+    assert "| trpo | Pusher-v5 | -" not in text.split("## Time to quality")[1]
 
 
 def test_cells_whose_runs_are_gone_are_carried_over_and_new_ones_replace_theirs(
@@ -278,6 +283,16 @@ def test_cells_whose_runs_are_gone_are_carried_over_and_new_ones_replace_theirs(
     text = doc.read_text()
     assert "| ppo | Hopper-v5 | 1,000,000 | **2,500.0** |" in text and "2,000.0" not in text
     assert "| trpo † | Hopper-v5 |" in text
+    # A carried record counted to the zoo figure (older ones named it so): kept.
+    old = json.loads(doc.with_suffix(".json").read_text())
+    for cell in old["cells"]:
+        cell["zoo"], cell["time_to_zoo_s"] = cell.pop("bar"), cell.pop("time_to_bar_s")
+    doc.with_suffix(".json").write_text(json.dumps(old))
+    assert quality.main([*argv, "--run-root", str(third)]) == 0
+    assert "| trpo | Hopper-v5 | 3,618 (SB3 zoo) | " in doc.read_text()
+    data = json.loads(doc.with_suffix(".json").read_text())
+    [trpo] = [c for c in data["cells"] if c["algo"] == "trpo"]
+    assert trpo["bar"] == 3618 and "zoo" not in trpo
     assert "![Hopper-v5 (trpo)](quality/Hopper-v5__trpo.png)" in text
 
 
