@@ -293,6 +293,27 @@ def test_resume_after_interrupt_starts_from_the_newest_checkpoint(tmp_path: Path
     assert [r["iteration"] for r in rows] == [1, 2, 3, 4]
 
 
+def test_a_ctrl_c_in_the_last_iteration_finishes_the_run_and_is_told(tmp_path: Path) -> None:
+    """The run ends with its budget (final checkpoint, not a pause); the Ctrl-C is still
+    told, for a caller that runs more after it (a study's next trial)."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("the trainer handles Ctrl-C only in the main thread")
+    trainer = Trainer(config(iterations=3, checkpoint_every=10), tmp_path)
+    collect = trainer.collector.collect
+
+    def collect_then_interrupt(snapshot, train=True):
+        batch = collect(snapshot, train)
+        if trainer.iteration == 2:  # while collecting for the last iteration
+            os.kill(os.getpid(), signal.SIGINT)
+        return batch
+
+    trainer.collector.collect = collect_then_interrupt  # type: ignore[method-assign]
+    trainer.train()
+    assert trainer.outcome == "finished" and trainer.iteration == 3
+    assert not trainer.interrupted and trainer.interrupt_requested
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "final"
+
+
 @pytest.mark.parametrize(
     "change",
     [

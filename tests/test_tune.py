@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from trustrl.config import list_presets, resolve
 from trustrl.run import tune as tuning
 from trustrl.run.logging import read_progress
 from trustrl.run.space import check_space, default_space, read_space
+from trustrl.run.trial import Ended, Evaluation, Event, TrialJob
 
 optuna = pytest.importorskip("optuna")
 
@@ -221,23 +223,31 @@ def test_ctrl_c_stops_the_running_trials_and_the_study_resumes(
     child.send_signal(signal.SIGINT)
     out, _ = child.communicate(timeout=120)
     assert child.returncode == 130, out
-    assert "trial 0: interrupted" in out and "trial 1: interrupted" in out, out
+    # Each stopped at an iteration's end, with a checkpoint (or, where the Ctrl-C landed
+    # in its last iteration, finished and counts).
+    stopped = [n for n in (0, 1) if f"trial {n}: interrupted" in out]
+    assert stopped, out
+    for number in (0, 1):
+        assert re.search(rf"^trial {number}: (interrupted|\S+ \(mean of its last)", out, re.M), out
     assert f"resume the study with:\n  trustrl tune --study-dir {study_dir}" in out
-    for number in (0, 1):  # each stopped at an iteration's end, with a checkpoint
+    for number in stopped:
         assert (study_dir / "trials" / f"trial_{number:04d}" / "checkpoints" / "latest").is_file()
 
     code, out, err = run_cli(["tune", "--study-dir", str(study_dir), "--jobs", "1"], capsys)
     assert code == 0, err
     trials = load(study_dir).trials
     state = optuna.trial.TrialState
-    assert [t.state for t in trials] == [state.FAIL, state.FAIL, state.COMPLETE, state.COMPLETE]
-    assert [t.user_attrs.get("retry_of") for t in trials[2:]] == [0, 1]
-    assert [t.params for t in trials[2:]] == [t.params for t in trials[:2]]
+    first = [state.FAIL if n in stopped else state.COMPLETE for n in (0, 1)]
+    assert [t.state for t in trials] == first + [state.COMPLETE] * len(stopped)
+    assert [t.user_attrs.get("retry_of") for t in trials[2:]] == stopped
+    assert [t.params for t in trials[2:]] == [trials[n].params for n in stopped]
 
 
 def test_ctrl_c_stops_a_study_of_one_job_after_its_trial(tmp_path: Path, space_file: Path) -> None:
     # One job trains its trial in the study's process, where the trainer's own Ctrl-C
     # handler takes the signal: the study stopped its trial and then started the next.
+    # (A Ctrl-C in the trial's last iteration lets it finish: it counts, and the study
+    # stops all the same.)
     study_dir = tmp_path / "study"
     child = start_study(study_dir, space_file, "16384")
     progress = study_dir / "trials" / "trial_0000" / "progress.csv"
@@ -248,9 +258,33 @@ def test_ctrl_c_stops_a_study_of_one_job_after_its_trial(tmp_path: Path, space_f
     child.send_signal(signal.SIGINT)
     out, _ = child.communicate(timeout=120)
     assert child.returncode == 130, out
-    assert "trial 0: interrupted" in out and "trial 1 (seed" not in out, out
+    assert re.search(r"^trial 0: (interrupted|\S+ \(mean of its last)", out, re.M), out
+    assert "trial 1 (seed" not in out, out
     assert not (study_dir / "trials" / "trial_0001").exists()
     assert f"resume the study with:\n  trustrl tune --study-dir {study_dir}" in out
+
+
+def test_a_trial_that_finished_under_a_ctrl_c_counts_and_stops_the_study(
+    tmp_path: Path, space_file: Path
+) -> None:
+    # One job: the Ctrl-C landed in the trainer's last iteration, so the trial finished
+    # (its value is kept) and told of it; the study starts no other trial.
+    def launch(job: TrialJob) -> Iterator[Event]:
+        yield from (Evaluation(step, 100.0 + step, 256 * step) for step in range(1, 11))
+        yield Ended("finished", interrupt=True)
+
+    settings = tuning.plan(
+        tmp_path / "study", "CartPole-v1", budget=2560, space=space_file, trials=3
+    )
+    lines: list[str] = []
+    outcome = tuning.tune(settings, launch, announce=lines.append)
+    assert outcome.interrupted
+    [trial] = outcome.study.trials
+    assert trial.state == optuna.trial.TrialState.COMPLETE and trial.value == 109.0
+    assert outcome.best_file is not None and outcome.best_file.is_file()
+    # The last trial of a study: nothing is left to resume.
+    again = tuning.tune(tuning.plan(settings.study_dir, None, trials=2), launch, lines.append)
+    assert not again.interrupted and len(again.study.trials) == 2
 
 
 def test_trials_run_side_by_side_in_child_processes(tmp_path: Path, space_file: Path) -> None:

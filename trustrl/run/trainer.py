@@ -251,6 +251,9 @@ class Trainer:
         self.wall_time = 0.0
         self.eval_result: EvalResult | None = None
         self.interrupted = False
+        self.interrupt_requested = False
+        """A Ctrl-C came during the last ``train`` call: it paused the run (``interrupted``),
+        or landed in the iteration that ended it (the run finished all the same)."""
         self.outcome = ""
         """How the last ``train`` call ended, in words (finished, solved: ..., paused...)."""
         self.recent_returns: list[float] = []
@@ -418,7 +421,9 @@ class Trainer:
             # Closed first: the last checkpoint is on disk (or its error raised) while the
             # runner it reports to is still open.
             stack.callback(self.checkpoint_writer.close)
-            return self._iterate(pause_at, stop, _Outputs(progress_file, tensorboard, bar))
+            ended = self._iterate(pause_at, stop, _Outputs(progress_file, tensorboard, bar))
+            self.interrupt_requested = stop.requested
+            return ended
 
     def _write_run_files(self) -> bool:
         """The run folder's config.toml and config history, and on resume its progress file

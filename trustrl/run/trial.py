@@ -83,6 +83,9 @@ class Ended:
 
     outcome: Literal["finished", "failed", "interrupted"]
     message: str = ""
+    interrupt: bool = False
+    """A Ctrl-C landed in the iteration that finished the trial: it counts, and the
+    study stops after it."""
 
 
 Event = Evaluation | Ended
@@ -140,7 +143,7 @@ def trial_events(job: TrialJob, stop: StopFlag | None = None) -> Generator[Event
                 if reported < trainer.iteration and trainer.eval_result is not None:
                     result = trainer.eval_result.mean_return
                     yield Evaluation(EVALUATIONS, result, trainer.env_steps)
-                yield Ended("finished")
+                yield Ended("finished", interrupt=trainer.interrupt_requested)
                 return
             trainer = Trainer(config, job.run_dir, resume=True)
     except (ConfigError, TrainingError) as exc:

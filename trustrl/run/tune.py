@@ -411,6 +411,8 @@ class Objective:
         if ended is None or ended.outcome == "interrupted":
             trial.set_user_attr("stopped", "interrupted")
             raise TrialInterrupted(f"trial {trial.number} interrupted")
+        if ended.interrupt:  # the trial finished under a Ctrl-C: the study stops with it
+            self.stop()
         if ended.outcome == "failed" or not reported:
             message = ended.message or "no evaluation was reported"
             trial.set_user_attr("error", message)
@@ -473,7 +475,10 @@ def tune(
             objective = Objective(settings, launch, announce)
             trials = _Trials(study, objective, callback, optuna)
             with _stop_on_interrupt(objective, announce):
-                interrupted = trials.run(remaining, settings.jobs)
+                stopped = trials.run(remaining, settings.jobs)
+            # A Ctrl-C that came as the last trial finished left nothing to resume.
+            counted_now = counted(study.get_trials(deepcopy=False), optuna)
+            interrupted = stopped and counted_now < settings.trials
         best_file = write_best(settings, study, optuna)
     return TuneOutcome(study, settings, interrupted, best_file)
 
@@ -494,7 +499,6 @@ class _Trials:
     optuna: ModuleType
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     started: int = 0
-    interrupted: bool = False
     error: BaseException | None = None
 
     def run(self, count: int, jobs: int) -> bool:
@@ -514,7 +518,8 @@ class _Trials:
                     thread.join(0.5)
         if self.error is not None:
             raise self.error
-        return self.interrupted
+        # Stopped without an error: a Ctrl-C, whether or not a trial was still running.
+        return self.objective.stopping.is_set()
 
     def _work(self, count: int) -> None:
         while True:
@@ -544,7 +549,6 @@ class _Trials:
         except TrialInterrupted:
             # The study stops with its trial: with one job the trial trains in this
             # process, under the trainer's own Ctrl-C handler, so the study's never ran.
-            self.interrupted = True
             self.objective.stop()
             return self._tell(trial, state=state.FAIL)
         except BaseException:
