@@ -314,6 +314,25 @@ def test_a_ctrl_c_in_the_last_iteration_finishes_the_run_and_is_told(tmp_path: P
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "final"
 
 
+def test_a_ctrl_c_while_a_pause_checkpoint_is_written_counts_as_an_interrupt(
+    tmp_path: Path,
+) -> None:
+    """The loop already chose to pause; the Ctrl-C lands as the checkpoint is closed."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("the trainer handles Ctrl-C only in the main thread")
+    trainer = Trainer(config(iterations=4, checkpoint_every=10), tmp_path)
+    close = trainer.checkpoint_writer.close
+
+    def interrupt_then_close() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        close()
+
+    trainer.checkpoint_writer.close = interrupt_then_close  # type: ignore[method-assign]
+    trainer.train(iterations=2)
+    assert trainer.iteration == 2 and trainer.interrupted and trainer.interrupt_requested
+    assert trainer.outcome == "interrupted"
+
+
 @pytest.mark.parametrize(
     "change",
     [

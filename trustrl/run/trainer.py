@@ -422,8 +422,13 @@ class Trainer:
             # runner it reports to is still open.
             stack.callback(self.checkpoint_writer.close)
             ended = self._iterate(pause_at, stop, _Outputs(progress_file, tensorboard, bar))
-            self.interrupt_requested = stop.requested
-            return ended
+        # Read once the handler is gone: a Ctrl-C can land while the pause's checkpoint is
+        # still being written (closed above), after the loop decided to pause.
+        self.interrupt_requested = stop.requested
+        if stop.requested and not ended:
+            self.interrupted = True
+            self.outcome = "interrupted"
+        return ended
 
     def _write_run_files(self) -> bool:
         """The run folder's config.toml and config history, and on resume its progress file
