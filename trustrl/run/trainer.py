@@ -425,8 +425,8 @@ class Trainer:
         # Read once the handler is gone: a Ctrl-C can land while the pause's checkpoint is
         # still being written (closed above), after the loop decided to pause.
         self.interrupt_requested = stop.requested
-        if stop.requested and not ended:
-            self.interrupted = True
+        self.interrupted = stop.requested and not ended
+        if self.interrupted:
             self.outcome = "interrupted"
         return ended
 
@@ -542,9 +542,8 @@ class Trainer:
         """Checkpoint between two iterations (a Ctrl-C lands there, so the checkpoint is a
         clean boundary) and say why the run paused: interrupted, stopped (the runner gave
         up waiting: external agents' ``stop``), or paused after the iterations asked for."""
-        self.interrupted = stop.requested
         self.save(f"iter_{self.iteration:08d}")
-        self.outcome = "interrupted" if self.interrupted else "stopped" if stopped else "paused"
+        self.outcome = "interrupted" if stop.requested else "stopped" if stopped else "paused"
 
     def _check_failed_updates(self) -> None:
         if self.failed_updates >= FAILED_UPDATES_LIMIT:
