@@ -135,6 +135,58 @@ def test_one_session_at_a_time(study: tuple[Path, str]) -> None:
         tuning.tune(settings, announce=lambda line: None)
 
 
+def test_a_study_tunes_around_a_config_file(
+    tmp_path: Path, space_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--config's settings sit over the preset and under the sampled values, in every
+    trial and in best.toml; the study keeps them, and a resume with other ones is refused."""
+    base = tmp_path / "base.toml"
+    base.write_text("[env]\nnum_envs = 4\n[ppo]\nclip_coef = 0.3\nlearning_rate = 0.5\n")
+    study_dir = tmp_path / "study"
+    argv = ["tune", "CartPole-v1", "--trials", "1", "--budget", BUDGET, "--space"]
+    argv += [str(space_file), "--config", str(base), "--study-dir", str(study_dir)]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    (trial,) = load(study_dir).trials
+    config = tomllib.loads((study_dir / "trials" / "trial_0000" / "config.toml").read_text())
+    assert config["env"]["num_envs"] == 4 and config["ppo"]["clip_coef"] == 0.3
+    # The sampled value wins over the file's.
+    assert config["ppo"]["learning_rate"] == trial.params["ppo.learning_rate"] != 0.5
+    best = resolve("CartPole-v1", config_file=study_dir / "best.toml")
+    assert best.env.num_envs == 4 and best.ppo.clip_coef == 0.3
+    assert best.ppo.learning_rate == trial.params["ppo.learning_rate"]
+    assert "the study's --config" in (study_dir / "best.toml").read_text()
+    # Resumed without --config, the study keeps its own; with another file, refused.
+    code, out, _ = run_cli(["tune", "--study-dir", str(study_dir)], capsys)
+    assert code == 0 and "1 of 1 trials done" in out
+    other = tmp_path / "other.toml"
+    other.write_text("[ppo]\nclip_coef = 0.2\n")
+    code, _, err = run_cli(["tune", "--study-dir", str(study_dir), "--config", str(other)], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "was made with config = " in err and "not the config given" in err
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[ppo]\nclip_coeff = 0.3\n", "unknown key ppo.clip_coeff; allowed: anneal_clip"),
+        ("[ppo]\nclip_coef = 3\n", "ppo.clip_coef must be in (0, 1), got 3"),
+        ('env_id = "Pendulum-v1"\n', "it sets env_id/algo to Pendulum-v1/ppo"),
+        ("[ppo\n", "is not valid TOML"),
+    ],
+)
+def test_a_bad_config_file_is_one_line(
+    text: str, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "base.toml"
+    path.write_text(text)
+    argv = ["tune", "CartPole-v1", "--config", str(path), "--study-dir", str(tmp_path / "s")]
+    code, _out, err = run_cli(argv, capsys)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"trustrl: error: config file {path}") and expected in err, err
+    assert not (tmp_path / "s").exists()  # refused before anything was made
+
+
 @pytest.mark.filterwarnings("ignore:Fixed parameter")  # 1e-9 is outside the space
 def test_a_trial_that_cannot_learn_is_pruned(tmp_path: Path, space_file: Path) -> None:
     lines: list[str] = []

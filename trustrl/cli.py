@@ -570,11 +570,12 @@ TUNE_DESCRIPTION = """\
 Tune an algorithm's settings for ENV_ID with Optuna (pip install 'trustrl[tune]'): a TPE
 sampler over a search space (the algorithm's default, or --space FILE.toml naming config
 fields with low/high [log, step] or choices), each trial a short run of the env's preset
-with the sampled values on seed --seed + its number, pruned by the median rule on its
-periodic deterministic evaluations; its objective is the mean of its last 3. The study
-is kept in --study-dir (study.db, Optuna's SQLite storage): the same command resumes it,
-every finished trial kept. At the end: the top trials, the parameters' importances, and
-the best trial's settings as a preset, STUDY_DIR/best.toml, for trustrl train --config.
+(and --config's file) with the sampled values on seed --seed + its number, pruned by the
+median rule on its periodic deterministic evaluations; its objective is the mean of its
+last 3. The study is kept in --study-dir (study.db, Optuna's SQLite storage): the same
+command resumes it, every finished trial kept. At the end: the top trials, the
+parameters' importances, and the best trial's settings as a preset, STUDY_DIR/best.toml,
+for trustrl train --config.
 """
 
 
@@ -592,6 +593,12 @@ def tune_parser() -> argparse.ArgumentParser:
         help="env steps per trial (default: the preset's total_steps, at most 300,000)",
     )
     parser.add_argument("--space", default=None, help="search space TOML file (docs/tune.md)")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="config TOML file the trials train with over the env's preset, under the "
+        "sampled values (as trustrl train --config; kept by the study)",
+    )
     parser.add_argument(
         "--study-dir", default=None, help="study folder (default studies/<env>__<algo>)"
     )
@@ -637,6 +644,7 @@ def cmd_tune(argv: list[str]) -> int:
             seed=args.seed,
             eval_episodes=args.eval_episodes,
             space=args.space,
+            config=args.config,
             trials=args.trials,
             jobs=args.jobs,
             startup_trials=args.startup_trials,

@@ -37,7 +37,15 @@ from typing import TYPE_CHECKING, Any
 
 import tomli_w
 
-from trustrl.config import Config, merge, preset_name, preset_table, resolve
+from trustrl.config import (
+    Config,
+    ConfigError,
+    merge,
+    preset_name,
+    preset_table,
+    read_toml,
+    resolve,
+)
 from trustrl.run.space import (
     SearchSpace,
     SpaceError,
@@ -60,7 +68,7 @@ LAST_EVALUATIONS = 3
 """A trial's objective: the mean of its last this many evaluations."""
 IMPORTANCE_MIN_TRIALS = 4
 """Completed trials below which parameter importances are not computed."""
-SPEC_KEYS = ("env_id", "algo", "budget", "seed", "eval_episodes", "space")
+SPEC_KEYS = ("env_id", "algo", "budget", "seed", "eval_episodes", "space", "config")
 """What a study is: settings a resumed study must keep (--trials and --jobs may change)."""
 
 
@@ -89,8 +97,9 @@ def import_optuna() -> ModuleType:
 
 @dataclass(frozen=True)
 class TuneSettings:
-    """A study's settings. The first six are what the study is (``SPEC_KEYS``, kept in
-    ``study.db`` and held to on resume); the rest say how this session runs it."""
+    """A study's settings. ``SPEC_KEYS`` are what the study is (kept in ``study.db`` and
+    held to on resume); ``trials``, ``jobs``, ``startup_trials`` and ``warmup`` say how
+    this session runs it."""
 
     env_id: str
     algo: str
@@ -110,6 +119,9 @@ class TuneSettings:
     """Trials that finish before any is pruned (MedianPruner's n_startup_trials)."""
     warmup: int = 3
     """Tenths of its budget a trial trains before it may be pruned (n_warmup_steps)."""
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """``--config``'s settings (a config file's table), over the env's preset and under
+    the sampled values: what the study tunes around ({}: the preset alone)."""
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -119,6 +131,7 @@ class TuneSettings:
             "seed": self.seed,
             "eval_episodes": self.eval_episodes,
             "space": self.space.to_dict(),
+            "config": self.config,
         }
 
     def session(self) -> dict[str, int]:
@@ -126,9 +139,9 @@ class TuneSettings:
         return {"trials": self.trials, "startup": self.startup_trials, "warmup": self.warmup}
 
     def trial_overrides(self, values: dict[str, Any], seed: int, run_dir: Path) -> dict[str, Any]:
-        """A trial's settings over the preset: the sampled values, and its seed, budget,
-        folder, one thread, no stop at a target return (every trial trains its budget),
-        the last checkpoint only."""
+        """A trial's settings over the preset: ``config``, then the sampled values, and its
+        seed, budget, folder, one thread, no stop at a target return (every trial trains
+        its budget), the last checkpoint only."""
         own = {
             "seed": seed,
             "total_steps": self.budget,
@@ -140,7 +153,7 @@ class TuneSettings:
             "checkpoint_keep": 1,
             "ppo": {"critic_process": False},
         }
-        return merge(own, overrides(values))
+        return merge(merge(self.config, own), overrides(values))
 
 
 def default_study_dir(env_id: str, algo: str) -> Path:
@@ -171,6 +184,7 @@ def plan(
     seed: int | None = None,
     eval_episodes: int | None = None,
     space: SearchSpace | str | Path | None = None,
+    config: str | Path | None = None,
     trials: int | None = None,
     jobs: int = 1,
     startup_trials: int | None = None,
@@ -179,7 +193,8 @@ def plan(
     """The settings of a new study, or of the study in ``study_dir`` with what it was
     made with filling what is not given (None); a given setting that differs from the
     study's is refused, naming both. ``space``: a space, or a space file's path (None:
-    the algorithm's default space)."""
+    the algorithm's default space). ``config``: a config file the trials train with over
+    the env's preset, under the sampled values (``trustrl train --config``'s)."""
     if study_dir is None:
         if env_id is None:
             raise TuneError("trustrl tune needs ENV_ID, or --study-dir of a study to resume")
@@ -192,13 +207,19 @@ def plan(
         chosen = read_space(space_file, algo or (stored["algo"] if stored else "ppo"))
     else:
         chosen = space
-    given = {"env_id": env_id, "algo": algo, "budget": budget, "seed": seed}
-    given["eval_episodes"] = eval_episodes
+    table: dict[str, Any] | None = None
+    if config is not None:
+        try:
+            table = read_toml(config)
+        except ConfigError as exc:
+            raise TuneError(str(exc)) from None
+    given: dict[str, Any] = {"env_id": env_id, "algo": algo, "budget": budget, "seed": seed}
+    given |= {"eval_episodes": eval_episodes, "config": table}
     if stored is not None:
         for key in SPEC_KEYS:
             mine = chosen.to_dict() if key == "space" and chosen is not None else given.get(key)
             if mine is not None and mine != stored[key]:
-                shown = "the space given" if key == "space" else f"{mine!r}"
+                shown = f"the {key} given" if key in ("space", "config") else f"{mine!r}"
                 raise TuneError(
                     f"the study in {study_dir} was made with {key} = {stored[key]!r}, not "
                     f"{shown}: leave it out to resume the study, or choose a new --study-dir"
@@ -206,6 +227,7 @@ def plan(
         env_id, algo = stored["env_id"], stored["algo"]
         budget, seed = stored["budget"], stored["seed"]
         eval_episodes = stored["eval_episodes"]
+        table = stored["config"]
         chosen = space_from_dict(stored["space"], algo)
         # How the study runs (its size, its pruner) may change; what is not given stays.
         session = stored.get("session") or {}
@@ -214,7 +236,7 @@ def plan(
         warmup = warmup if warmup is not None else session.get("warmup")
     assert env_id is not None
     algo = algo or "ppo"
-    base = resolve(env_id, algo)
+    base = base_config(env_id, algo, table or {}, config)
     if chosen is None:
         chosen = default_space(base, has_box_actions(base))
     try:
@@ -233,6 +255,7 @@ def plan(
         jobs=jobs,
         startup_trials=startup_trials if startup_trials is not None else 5,
         warmup=warmup if warmup is not None else 3,
+        config=table or {},
     )
     for name in ("budget", "trials", "jobs", "eval_episodes"):
         if getattr(settings, name) < 1:
@@ -245,6 +268,21 @@ def plan(
                 f"--{name.replace('_', '-')} must be >= 0, got {getattr(settings, name)}"
             )
     return settings
+
+
+def base_config(env_id: str, algo: str, table: dict[str, Any], path: str | Path | None) -> Config:
+    """The config a study's trials start from: the env's preset with ``table`` (the
+    ``--config`` file ``path``'s settings) over it, checked as ``trustrl train`` would."""
+    try:
+        base = resolve(env_id, algo, overrides=table)
+    except ConfigError as exc:
+        raise TuneError(f"config file {path}: {exc}" if path else str(exc)) from None
+    if (base.env_id, base.algo) != (env_id, algo):
+        raise TuneError(
+            f"config file {path}: it sets env_id/algo to {base.env_id}/{base.algo}, where the "
+            f"study tunes {algo} on {env_id}; leave them out of the file"
+        )
+    return base
 
 
 def storage_url(study_dir: Path) -> str:
@@ -268,8 +306,15 @@ def stored_spec(study_dir: Path) -> dict[str, Any] | None:
         study = optuna.load_study(study_name=STUDY_NAME, storage=_storage(optuna, study_dir))
     except KeyError:  # a database without the study: made, then killed at once
         return None
-    spec = study.user_attrs.get("spec")
+    spec = study_spec(study)
     return {**spec, "session": study.user_attrs.get("session")} if spec else None
+
+
+def study_spec(study: optuna.Study) -> dict[str, Any] | None:
+    """What a study was made with (``TuneSettings.spec``); a study made before
+    ``--config`` existed tuned around the preset alone."""
+    spec = study.user_attrs.get("spec")
+    return {"config": {}, **spec} if spec else None
 
 
 @contextlib.contextmanager
@@ -313,7 +358,7 @@ def open_study(settings: TuneSettings, optuna: ModuleType) -> tuple[optuna.Study
             n_startup_trials=settings.startup_trials, n_warmup_steps=settings.warmup
         ),
     )
-    spec = study.user_attrs.get("spec")
+    spec = study_spec(study)
     if spec is None:
         study.set_user_attr("spec", settings.spec())
     elif spec != settings.spec():
@@ -617,15 +662,18 @@ def _stop_on_interrupt(objective: Objective, announce: Callable[[str], None]) ->
 
 def write_best(settings: TuneSettings, study: optuna.Study, optuna: ModuleType) -> Path | None:
     """The best completed trial's settings as a preset file, ``best.toml``: the env's
-    shipped preset with the trial's values over it (its own seed, budget and folder are
-    the study's business and left out). None where no trial completed yet."""
+    shipped preset, the study's ``config``, and the trial's values over them (its own
+    seed, budget and folder are the study's business and left out). None where no trial
+    completed yet."""
     completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if not completed:
         return None
     best = max(completed, key=_objective)
     values = settings.space.values(best.params)
-    table = merge(preset_table(settings.algo, settings.env_id) or {}, overrides(values))
+    preset = merge(preset_table(settings.algo, settings.env_id) or {}, settings.config)
+    table = merge(preset, overrides(values))
     path = settings.study_dir / "best.toml"
+    over = "the env's shipped preset" + (", the study's --config" if settings.config else "")
     header = (
         f"# trustrl tune: the best trial of the study in {settings.study_dir}, "
         f"{settings.algo} on {settings.env_id}.\n"
@@ -636,7 +684,8 @@ def write_best(settings: TuneSettings, study: optuna.Study, optuna: ModuleType) 
         + "".join(
             f"# {line}\n"
             for line in textwrap.wrap(
-                f"The env's shipped preset with the tuned values: {', '.join(values)}.", 86
+                f"{over[0].upper()}{over[1:]} and the tuned values over it: {', '.join(values)}.",
+                86,
             )
         )
         + "# Confirm it at the full budget on other seeds before relying on it:\n"
