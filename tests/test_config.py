@@ -192,6 +192,7 @@ UNVALIDATED = {
     "ppo.anneal_clip",
     "ppo.norm_adv",
     "ppo.critic_process",
+    "trpo.anneal_kl",
     "trpo.norm_adv",
     "multiagent.agent_id",
     "multiagent.value_norm",

@@ -642,6 +642,31 @@ def test_update_reports_every_metric(kind: str) -> None:
     assert metrics["nonfinite_skips"] == 0.0
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("progress", [0.0, 0.75])
+def test_anneal_kl_steps_within_the_shrunk_radius(kind: str, progress: float) -> None:
+    """trpo.anneal_kl at ``progress`` takes the very step (bit for bit) of a radius
+    max_kl * (1 - progress) without it: the KL radius shrinks linearly over the run."""
+    policy = make_policy(kind, 9, hidden=(8,))
+    rollout = filled_rollout(policy, kind, 9)
+    twin, full = copy.deepcopy(policy), copy.deepcopy(policy)
+    annealed = TRPOUpdate(policy, TRPOConfig(max_kl=0.01, anneal_kl=True))(
+        policy, rollout, progress=progress
+    )
+    shrunk = TRPOUpdate(twin, TRPOConfig(max_kl=0.01 * (1.0 - progress)))(
+        twin, rollout, progress=progress
+    )
+    plain = TRPOUpdate(full, TRPOConfig(max_kl=0.01))(full, rollout, progress=progress)
+    assert annealed["line_search_accepted"] == shrunk["line_search_accepted"] == 1.0
+    assert annealed["approx_kl"] <= 0.01 * (1.0 - progress) and annealed["step_norm"] > 0
+    for a, b in zip(policy.actor_parameters(), twin.actor_parameters(), strict=True):
+        assert torch.equal(a, b)
+    if progress > 0:  # without anneal_kl the whole radius is used: a longer step
+        assert plain["step_norm"] > 1.5 * annealed["step_norm"]
+    else:
+        assert plain["step_norm"] == annealed["step_norm"]
+
+
 # Non-finite losses: skipped, counted and said, as PPO's update does.
 
 

@@ -392,6 +392,8 @@ class TRPOConfig:
 
     max_kl: float = 0.01
     """KL radius: an accepted policy step has mean KL(old || new) <= max_kl."""
+    anneal_kl: bool = False
+    """Shrink the KL radius linearly to zero over the run (max_kl * (1 - progress)), as ppo.anneal_lr does the step size: late updates move the policy less."""
     cg_iters: int = 10
     """Conjugate-gradient iterations for F x = g."""
     cg_damping: float = 0.1

@@ -165,7 +165,8 @@ class TRPOUpdate:
         # where none of its steps was finite, the policy is not stepped on the rollout.
         critic = self.fit_critic(policy, batch, skipped)
         if math.isfinite(critic["loss_v"]):
-            metrics = self.policy_step(policy, batch)
+            radius = self.config.max_kl * ((1.0 - progress) if self.config.anneal_kl else 1.0)
+            metrics = self.policy_step(policy, batch, radius)
             if not math.isfinite(metrics["loss_pi"]):
                 skipped["loss_pi"] = 1
         else:
@@ -179,10 +180,14 @@ class TRPOUpdate:
         warn_skipped(skipped)
         return metrics
 
-    def policy_step(self, policy: Policy, batch: Batch) -> dict[str, float]:
-        """The natural-gradient step; a non-finite objective, gradient or curvature skips
-        it (``loss_pi`` is then NaN)."""
+    def policy_step(
+        self, policy: Policy, batch: Batch, max_kl: float | None = None
+    ) -> dict[str, float]:
+        """The natural-gradient step within the KL radius ``max_kl`` (default: the
+        config's); a non-finite objective, gradient or curvature skips it (``loss_pi`` is
+        then NaN)."""
         cfg = self.config
+        max_kl = cfg.max_kl if max_kl is None else max_kl
         params = policy.actor_parameters()
         # A recurrent policy's rows are sequence chunks: every mean is over their real
         # steps (batch.loss; all rows otherwise).
@@ -215,7 +220,7 @@ class TRPOUpdate:
         curvature = float(torch.dot(direction, fvp(direction)))
         # Largest step along the direction whose quadratic KL model equals max_kl:
         # 0.5 * s^T F s = max_kl.
-        scale = math.sqrt(2 * cfg.max_kl / curvature) if curvature > 0 else 0.0
+        scale = math.sqrt(2 * max_kl / curvature) if curvature > 0 else 0.0
         full_step = scale * direction
         expected_full = float(torch.dot(g, full_step))
 
@@ -237,7 +242,7 @@ class TRPOUpdate:
                 theta,
                 full_step,
                 base,
-                cfg.max_kl,
+                max_kl,
                 cfg.line_search_shrink,
                 cfg.line_search_steps,
             )
