@@ -462,12 +462,12 @@ class Trainer:
         warn = self._warning_handler(out.bar)
         while self.env_steps < cfg.total_steps:
             if stop.requested or self.iteration >= pause_at:
-                self._pause(stop, stopped=False)
+                self._pause(stopped=False)
                 return False
             try:
                 row, evaluation = self.run_iteration(warn)
             except CollectionStopped:  # nothing collected: the runner stopped waiting
-                self._pause(stop, stopped=True)
+                self._pause(stopped=True)
                 return False
             now = time.perf_counter()
             self.wall_time = now - run_start
@@ -538,12 +538,13 @@ class Trainer:
 
         return show
 
-    def _pause(self, stop: _StopOnInterrupt, stopped: bool) -> None:
+    def _pause(self, stopped: bool) -> None:
         """Checkpoint between two iterations (a Ctrl-C lands there, so the checkpoint is a
-        clean boundary) and say why the run paused: interrupted, stopped (the runner gave
-        up waiting: external agents' ``stop``), or paused after the iterations asked for."""
+        clean boundary) and say why the run paused: stopped (the runner gave up waiting:
+        external agents' ``stop``) or paused after the iterations asked for; a Ctrl-C is
+        read once the handler is gone (``_train``), which then names it interrupted."""
         self.save(f"iter_{self.iteration:08d}")
-        self.outcome = "interrupted" if stop.requested else "stopped" if stopped else "paused"
+        self.outcome = "stopped" if stopped else "paused"
 
     def _check_failed_updates(self) -> None:
         if self.failed_updates >= FAILED_UPDATES_LIMIT:
