@@ -166,6 +166,51 @@ def test_a_study_tunes_around_a_config_file(
     assert "was made with config = " in err and "not the config given" in err
 
 
+def test_a_trial_on_several_seeds_scores_its_worst_seed(
+    tmp_path: Path, space_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--seeds-per-trial 2: each trial trains its values on two seeds of its own, reports
+    the second seed's evaluations after the first's, and scores the worse of the two
+    seeds' means of their last 3; the study keeps the count."""
+    study_dir = tmp_path / "study"
+    argv = ["tune", "CartPole-v1", "--trials", "2", "--budget", BUDGET, "--space"]
+    argv += [str(space_file), "--seeds-per-trial", "2", "--study-dir", str(study_dir)]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    trials = load(study_dir).trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    for trial in trials:
+        seeds = [1000 + 2 * trial.number, 1001 + 2 * trial.number]
+        assert trial.user_attrs["seed"] == seeds[0]
+        means, steps = [], []
+        for index, seed in enumerate(seeds):
+            run_dir = study_dir / "trials" / f"trial_{trial.number:04d}" / f"seed_{seed}"
+            config = tomllib.loads((run_dir / "config.toml").read_text())
+            assert config["seed"] == seed
+            assert config["ppo"]["learning_rate"] == trial.params["ppo.learning_rate"]
+            evaluations = [
+                r["eval_return_mean"]
+                for r in read_progress(run_dir / "progress.csv")
+                if math.isfinite(r["eval_return_mean"])
+            ]
+            offset = 10 * index
+            steps += [offset + s for s in (1, 2, 3, 5, 6, 7, 8, 10)]
+            assert [trial.intermediate_values[s] for s in steps[-8:]] == evaluations
+            means.append(sum(evaluations[-3:]) / 3)
+        assert sorted(trial.intermediate_values) == steps
+        assert trial.user_attrs["seed_scores"] == pytest.approx(means)
+        assert trial.value == pytest.approx(min(means))
+        assert f"trial {trial.number} (seeds {seeds[0]}-{seeds[1]})" in out
+    assert "the worst of its 2 seeds (each: the mean of its last 3" in out
+    header = (study_dir / "best.toml").read_text()
+    assert "the worst of its 2 seeds (each" in header and "seeds 100" in header
+    # The top table shows each seed's score; a resume with another count is refused.
+    assert re.search(r"^seed 2 +\d", out, re.MULTILINE), out
+    argv = ["tune", "--study-dir", str(study_dir), "--seeds-per-trial", "1"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and "was made with seeds_per_trial = 2, not 1" in err
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

@@ -572,7 +572,8 @@ sampler over a search space (the algorithm's default, or --space FILE.toml namin
 fields with low/high [log, step] or choices), each trial a short run of the env's preset
 (and --config's file) with the sampled values on seed --seed + its number, pruned by the
 median rule on its periodic deterministic evaluations; its objective is the mean of its
-last 3. The study is kept in --study-dir (study.db, Optuna's SQLite storage): the same
+last 3 (with --seeds-per-trial K, it trains on K seeds and its objective is the worst
+seed's). The study is kept in --study-dir (study.db, Optuna's SQLite storage): the same
 command resumes it, every finished trial kept. At the end: the top trials, the
 parameters' importances, and the best trial's settings as a preset, STUDY_DIR/best.toml,
 for trustrl train --config.
@@ -614,6 +615,13 @@ def tune_parser() -> argparse.ArgumentParser:
         "--seed", type=int, default=None, help="trial k trains with seed SEED + k (default 1000)"
     )
     parser.add_argument(
+        "--seeds-per-trial",
+        type=int,
+        default=None,
+        help="seeds each trial trains on, one after another; its objective is the worst "
+        "seed's (default 1; trial k's seeds start at SEED + k x this)",
+    )
+    parser.add_argument(
         "--eval-episodes", type=int, default=None, help="episodes per evaluation (default 5)"
     )
     parser.add_argument(
@@ -645,6 +653,7 @@ def cmd_tune(argv: list[str]) -> int:
             eval_episodes=args.eval_episodes,
             space=args.space,
             config=args.config,
+            seeds_per_trial=args.seeds_per_trial,
             trials=args.trials,
             jobs=args.jobs,
             startup_trials=args.startup_trials,

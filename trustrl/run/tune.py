@@ -4,13 +4,17 @@ A study samples a search space (``run/space.py``) with Optuna's TPE sampler; eac
 trains the env's preset with the sampled values for a short budget on a seed of its own
 (``run/trial.py``), reports its periodic deterministic evaluations, and is stopped early
 by Optuna's median pruner when it falls below the median of the trials before it at the
-same point of the budget. Its objective is the mean of its last evaluations.
+same point of the budget. Its objective is the mean of its last evaluations. With
+``--seeds-per-trial K`` a trial trains its values on K seeds, one after another, and its
+objective is the worst seed's: a study then favours settings that learn on every seed,
+not one lucky draw.
 
 The study lives in its folder::
 
     study.db      Optuna's own storage (SQLite): trials, values, parameters, the settings
     study.lock    held while a ``trustrl tune`` runs on the study (one at a time)
-    trials/       trial_NNNN/: each trial's run folder; trial_NNNN.log: a child's stderr
+    trials/       trial_NNNN/: each trial's run folder (with K seeds, seed_S/ in it for
+                  each); a run folder's .log beside it: a child's stderr
     best.toml     the best trial's settings as a preset for ``trustrl train --config``
 
 Only the process that runs the study writes ``study.db``; trials run in it (one job),
@@ -68,7 +72,16 @@ LAST_EVALUATIONS = 3
 """A trial's objective: the mean of its last this many evaluations."""
 IMPORTANCE_MIN_TRIALS = 4
 """Completed trials below which parameter importances are not computed."""
-SPEC_KEYS = ("env_id", "algo", "budget", "seed", "eval_episodes", "space", "config")
+SPEC_KEYS = (
+    "env_id",
+    "algo",
+    "budget",
+    "seed",
+    "eval_episodes",
+    "space",
+    "config",
+    "seeds_per_trial",
+)
 """What a study is: settings a resumed study must keep (--trials and --jobs may change)."""
 
 
@@ -106,7 +119,8 @@ class TuneSettings:
     budget: int
     """Env steps per trial (rounded up to whole iterations by each trial)."""
     seed: int
-    """Trial k trains with seed ``seed + k``; the sampler is seeded from it too."""
+    """Trial k trains with seed ``seed + k`` (seeds ``seed + k * K`` to ``seed + k * K + K
+    - 1`` with ``seeds_per_trial`` K); the sampler is seeded from it too."""
     eval_episodes: int
     """Episodes of each periodic deterministic evaluation."""
     space: SearchSpace
@@ -122,6 +136,9 @@ class TuneSettings:
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
     """``--config``'s settings (a config file's table), over the env's preset and under
     the sampled values: what the study tunes around ({}: the preset alone)."""
+    seeds_per_trial: int = 1
+    """Seeds each trial trains its values on, one after another; its objective is the
+    worst seed's (the mean of that seed's last evaluations)."""
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -132,11 +149,37 @@ class TuneSettings:
             "eval_episodes": self.eval_episodes,
             "space": self.space.to_dict(),
             "config": self.config,
+            "seeds_per_trial": self.seeds_per_trial,
         }
 
     def session(self) -> dict[str, int]:
         """How the study runs, kept for the next session (which may change it)."""
         return {"trials": self.trials, "startup": self.startup_trials, "warmup": self.warmup}
+
+    def trial_seeds(self, number: int, first: int | None = None) -> list[int]:
+        """The seeds trial ``number`` trains on: its own ``seeds_per_trial`` of them, from
+        ``first`` where given (a retry keeps the seeds of the trial it repeats)."""
+        if first is None:
+            first = self.seed + number * self.seeds_per_trial
+        return list(range(first, first + self.seeds_per_trial))
+
+    def where(self, step: int) -> str:
+        """A reported step in words: tenths of the budget, and the seed's place in the
+        trial where it trains several (seed j's evaluations report at steps 10 j + 1 to
+        10 j + 10)."""
+        if self.seeds_per_trial == 1:
+            return f"{step}/{EVALUATIONS} of its budget"
+        index, tenths = divmod(step - 1, EVALUATIONS)
+        return (
+            f"{tenths + 1}/{EVALUATIONS} of its budget on its seed {index + 1} of "
+            f"{self.seeds_per_trial}"
+        )
+
+    def objective_words(self) -> str:
+        last = f"the mean of its last {LAST_EVALUATIONS} deterministic evaluations"
+        if self.seeds_per_trial == 1:
+            return last
+        return f"the worst of its {self.seeds_per_trial} seeds (each: {last})"
 
     def trial_overrides(self, values: dict[str, Any], seed: int, run_dir: Path) -> dict[str, Any]:
         """A trial's settings over the preset: ``config``, then the sampled values, and its
@@ -185,6 +228,7 @@ def plan(
     eval_episodes: int | None = None,
     space: SearchSpace | str | Path | None = None,
     config: str | Path | None = None,
+    seeds_per_trial: int | None = None,
     trials: int | None = None,
     jobs: int = 1,
     startup_trials: int | None = None,
@@ -214,7 +258,7 @@ def plan(
         except ConfigError as exc:
             raise TuneError(str(exc)) from None
     given: dict[str, Any] = {"env_id": env_id, "algo": algo, "budget": budget, "seed": seed}
-    given |= {"eval_episodes": eval_episodes, "config": table}
+    given |= {"eval_episodes": eval_episodes, "config": table, "seeds_per_trial": seeds_per_trial}
     if stored is not None:
         for key in SPEC_KEYS:
             mine = chosen.to_dict() if key == "space" and chosen is not None else given.get(key)
@@ -228,6 +272,7 @@ def plan(
         budget, seed = stored["budget"], stored["seed"]
         eval_episodes = stored["eval_episodes"]
         table = stored["config"]
+        seeds_per_trial = stored["seeds_per_trial"]
         chosen = space_from_dict(stored["space"], algo)
         # How the study runs (its size, its pruner) may change; what is not given stays.
         session = stored.get("session") or {}
@@ -256,8 +301,9 @@ def plan(
         startup_trials=startup_trials if startup_trials is not None else 5,
         warmup=warmup if warmup is not None else 3,
         config=table or {},
+        seeds_per_trial=seeds_per_trial if seeds_per_trial is not None else 1,
     )
-    for name in ("budget", "trials", "jobs", "eval_episodes"):
+    for name in ("budget", "trials", "jobs", "eval_episodes", "seeds_per_trial"):
         if getattr(settings, name) < 1:
             raise TuneError(
                 f"--{name.replace('_', '-')} must be >= 1, got {getattr(settings, name)}"
@@ -312,9 +358,10 @@ def stored_spec(study_dir: Path) -> dict[str, Any] | None:
 
 def study_spec(study: optuna.Study) -> dict[str, Any] | None:
     """What a study was made with (``TuneSettings.spec``); a study made before
-    ``--config`` existed tuned around the preset alone."""
+    ``--config`` and ``--seeds-per-trial`` existed tuned around the preset alone, one
+    seed a trial."""
     spec = study.user_attrs.get("spec")
-    return {"config": {}, **spec} if spec else None
+    return {"config": {}, "seeds_per_trial": 1, **spec} if spec else None
 
 
 @contextlib.contextmanager
@@ -405,8 +452,8 @@ def recover(study: optuna.Study, storage: Any, optuna: ModuleType) -> list[str]:
 
 @dataclass
 class Objective:
-    """One trial: sample, train where the launcher runs it, report each evaluation,
-    prune, return the mean of the last evaluations."""
+    """One trial: sample, train on each of its seeds where the launcher runs it, report
+    each evaluation, prune, return the worst seed's mean of its last evaluations."""
 
     settings: TuneSettings
     launch: Launcher
@@ -423,23 +470,30 @@ class Objective:
             stop()
 
     def __call__(self, trial: optuna.Trial) -> float:
-        optuna = import_optuna()
         settings = self.settings
         values = settings.space.sample(trial)
-        seed = trial.user_attrs.get("seed")
-        if seed is None:  # a retry keeps the seed of the trial it repeats
-            seed = settings.seed + trial.number
-        trial.set_user_attr("seed", seed)
-        run_dir = settings.study_dir / "trials" / f"trial_{trial.number:04d}"
-        job = TrialJob(
-            settings.env_id,
-            settings.algo,
-            settings.trial_overrides(values, seed, run_dir),
-            str(run_dir),
-            trial.number,
-        )
+        # A retry keeps the seeds of the trial it repeats.
+        seeds = settings.trial_seeds(trial.number, trial.user_attrs.get("seed"))
+        trial.set_user_attr("seed", seeds[0])
+        folder = settings.study_dir / "trials" / f"trial_{trial.number:04d}"
         shown = ", ".join(f"{name}={format_value(v)}" for name, v in values.items())
-        self.announce(f"trial {trial.number} (seed {seed}): {shown}")
+        named = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}"
+        self.announce(f"trial {trial.number} ({named}): {shown}")
+        scores = []
+        for index, seed in enumerate(seeds):
+            run_dir = folder if len(seeds) == 1 else folder / f"seed_{seed}"
+            overrides = settings.trial_overrides(values, seed, run_dir)
+            job = TrialJob(settings.env_id, settings.algo, overrides, str(run_dir), trial.number)
+            last = self._train(trial, job, index * EVALUATIONS)[-LAST_EVALUATIONS:]
+            scores.append(sum(last) / len(last))
+        if len(seeds) > 1:
+            trial.set_user_attr("seed_scores", scores)
+        return min(scores)
+
+    def _train(self, trial: optuna.Trial, job: TrialJob, offset: int) -> list[float]:
+        """One seed of the trial, its evaluations reported at ``offset`` + their step and
+        returned; raises TrialPruned, TrialInterrupted or TrialFailed."""
+        optuna = import_optuna()
         reported: list[float] = []
         ended: Ended | None = None
         with contextlib.closing(self.launch(job)) as events:
@@ -447,12 +501,11 @@ class Objective:
                 if isinstance(event, Ended):
                     ended = event
                     break
-                trial.report(event.value, event.step)
+                trial.report(event.value, offset + event.step)
                 reported.append(event.value)
                 if trial.should_prune():
-                    raise optuna.TrialPruned(
-                        f"at {event.step}/{EVALUATIONS} of its budget, evaluation {event.value:.2f}"
-                    )
+                    where = self.settings.where(offset + event.step)
+                    raise optuna.TrialPruned(f"at {where}, evaluation {event.value:.2f}")
         if ended is None or ended.outcome == "interrupted":
             trial.set_user_attr("stopped", "interrupted")
             raise TrialInterrupted(f"trial {trial.number} interrupted")
@@ -462,8 +515,15 @@ class Objective:
             message = ended.message or "no evaluation was reported"
             trial.set_user_attr("error", message)
             raise TrialFailed(message)
-        last = reported[-LAST_EVALUATIONS:]
-        return sum(last) / len(last)
+        return reported
+
+
+def seeds_words(settings: TuneSettings, trial: Any, short: bool = False) -> str:
+    """The seeds a finished trial trained on, in words ("seed 1003", "seeds 1006-1007")."""
+    seeds = settings.trial_seeds(trial.number, trial.user_attrs.get("seed"))
+    if len(seeds) == 1:
+        return str(seeds[0]) if short else f"seed {seeds[0]}"
+    return f"{seeds[0]}-{seeds[-1]}" if short else f"seeds {seeds[0]}-{seeds[-1]}"
 
 
 def _objective(trial: Any) -> float:
@@ -619,15 +679,17 @@ class _TrialEnded:
         state = optuna.trial.TrialState
         if trial.state == state.COMPLETE:
             best = study.best_trial.number == trial.number
+            scores = trial.user_attrs.get("seed_scores")
+            each = f"; its seeds: {', '.join(f'{v:.2f}' for v in scores)}" if scores else ""
             self.announce(
-                f"trial {trial.number}: {trial.value:.2f} (mean of its last "
-                f"{LAST_EVALUATIONS} evaluations){'; the best so far' if best else ''}"
+                f"trial {trial.number}: {trial.value:.2f} ({self.settings.objective_words()}"
+                f"{each}){'; the best so far' if best else ''}"
             )
             if best:
                 write_best(self.settings, study, optuna)
         elif trial.state == state.PRUNED:
             steps = sorted(trial.intermediate_values)
-            at = f" at {steps[-1]}/{EVALUATIONS} of its budget" if steps else ""
+            at = f" at {self.settings.where(steps[-1])}" if steps else ""
             last = f" (evaluation {trial.intermediate_values[steps[-1]]:.2f})" if steps else ""
             self.announce(f"trial {trial.number}: pruned{at}{last}")
         elif "stopped" in trial.user_attrs:
@@ -677,16 +739,13 @@ def write_best(settings: TuneSettings, study: optuna.Study, optuna: ModuleType) 
     header = (
         f"# trustrl tune: the best trial of the study in {settings.study_dir}, "
         f"{settings.algo} on {settings.env_id}.\n"
-        f"# Trial {best.number} of {len(study.trials)}: objective {best.value:.2f}, the mean "
-        f"of its last {LAST_EVALUATIONS} deterministic\n"
-        f"# evaluations ({settings.eval_episodes} episodes each), seed "
-        f"{best.user_attrs.get('seed')}, {settings.budget:,} env steps.\n"
-        + "".join(
-            f"# {line}\n"
-            for line in textwrap.wrap(
-                f"{over[0].upper()}{over[1:]} and the tuned values over it: {', '.join(values)}.",
-                86,
-            )
+        + _comment(
+            f"Trial {best.number} of {len(study.trials)}: objective {best.value:.2f}, "
+            f"{settings.objective_words()} ({settings.eval_episodes} episodes each), "
+            f"{seeds_words(settings, best)}, {settings.budget:,} env steps."
+        )
+        + _comment(
+            f"{over[0].upper()}{over[1:]} and the tuned values over it: {', '.join(values)}."
         )
         + "# Confirm it at the full budget on other seeds before relying on it:\n"
         f"#   trustrl train {settings.env_id} --algo {settings.algo} --config {path}\n"
@@ -696,6 +755,11 @@ def write_best(settings: TuneSettings, study: optuna.Study, optuna: ModuleType) 
 
     write_atomic(path, header + tomli_w.dumps(table))
     return path
+
+
+def _comment(text: str) -> str:
+    """``text`` as TOML comment lines of at most 88 characters."""
+    return "".join(f"# {line}\n" for line in textwrap.wrap(text, 86))
 
 
 def top_trials_table(outcome: TuneOutcome, count: int = 5) -> str:
@@ -709,8 +773,12 @@ def top_trials_table(outcome: TuneOutcome, count: int = 5) -> str:
     rows = [
         ["trial", *(f"#{t.number}" for t in top)],
         ["objective", *(f"{t.value:.2f}" for t in top)],
-        ["seed", *(str(t.user_attrs.get("seed")) for t in top)],
+        ["seed", *(seeds_words(outcome.settings, t, short=True) for t in top)],
     ]
+    if outcome.settings.seeds_per_trial > 1:
+        for index in range(outcome.settings.seeds_per_trial):
+            scores = [t.user_attrs.get("seed_scores") or [] for t in top]
+            rows.append([f"seed {index + 1}", *(f"{v[index]:.2f}" if v else "-" for v in scores)])
     for name in space.names:
         rows.append([name, *(format_value(space.values(t.params).get(name, "-")) for t in top)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
