@@ -384,6 +384,38 @@ def test_a_trial_that_finished_under_a_ctrl_c_counts_and_stops_the_study(
     assert not again.interrupted and len(again.study.trials) == 2
 
 
+def test_a_trial_on_several_seeds_is_pruned_by_its_best_evaluation_so_far(
+    tmp_path: Path, space_file: Path
+) -> None:
+    """Optuna's median rule with two seeds a trial: the second seed's evaluations are
+    compared at their own steps, but with the trial's best so far, so a good first seed
+    keeps a trial going (its poor second seed then sets its objective), while a poor
+    first seed is pruned after the warm-up."""
+    curves = {
+        (0, 0): [100.0] * 10, (0, 1): [100.0] * 10,
+        (1, 0): [100.0] * 10, (1, 1): [1.0] * 10,
+        (2, 0): [1.0] * 10, (2, 1): [100.0] * 10,
+    }  # fmt: skip
+
+    def launch(job: TrialJob) -> Iterator[Event]:
+        curve = curves[(job.number, job.overrides["seed"] % 2)]
+        yield from (Evaluation(step, curve[step - 1], 256 * step) for step in range(1, 11))
+        yield Ended("finished")
+
+    settings = tuning.plan(
+        tmp_path / "study", "CartPole-v1", budget=2560, space=space_file, trials=3,
+        seeds_per_trial=2, startup_trials=1, warmup=3,
+    )  # fmt: skip
+    lines: list[str] = []
+    outcome = tuning.tune(settings, launch, announce=lines.append)
+    first, second, third = outcome.study.trials
+    assert first.state == second.state == optuna.trial.TrialState.COMPLETE
+    assert second.value == 1.0 and second.user_attrs["seed_scores"] == [100.0, 1.0]
+    assert third.state == optuna.trial.TrialState.PRUNED
+    assert sorted(third.intermediate_values) == [1, 2, 3]
+    assert "trial 2: pruned at 3/10 of its budget on its seed 1 of 2 (evaluation 1.00)" in lines
+
+
 def test_trials_run_side_by_side_in_child_processes(tmp_path: Path, space_file: Path) -> None:
     settings = tuning.plan(
         tmp_path / "study", "CartPole-v1", budget=2048, space=space_file, trials=2, jobs=2
