@@ -201,9 +201,10 @@ def test_a_trial_on_several_seeds_scores_its_worst_seed(
         assert trial.user_attrs["seed_scores"] == pytest.approx(means)
         assert trial.value == pytest.approx(min(means))
         assert f"trial {trial.number} (seeds {seeds[0]}-{seeds[1]})" in out
-    assert "the worst of its 2 seeds (each: the mean of its last 3" in out
+    scores = ", ".join(f"{v:.2f}" for v in trials[0].user_attrs["seed_scores"])
+    assert f"seeds, each the mean of its last 3 deterministic evaluations: {scores})" in out
     header = (study_dir / "best.toml").read_text()
-    assert "the worst of its 2 seeds (each" in header and "seeds 100" in header
+    assert "the worst of its 2 seeds, each" in header and "seeds 100" in header
     # The top table shows each seed's score; a resume with another count is refused.
     assert re.search(r"^seed 2 +\d", out, re.MULTILINE), out
     argv = ["tune", "--study-dir", str(study_dir), "--seeds-per-trial", "1"]

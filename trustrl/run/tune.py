@@ -179,7 +179,7 @@ class TuneSettings:
         last = f"the mean of its last {LAST_EVALUATIONS} deterministic evaluations"
         if self.seeds_per_trial == 1:
             return last
-        return f"the worst of its {self.seeds_per_trial} seeds (each: {last})"
+        return f"the worst of its {self.seeds_per_trial} seeds, each {last}"
 
     def trial_overrides(self, values: dict[str, Any], seed: int, run_dir: Path) -> dict[str, Any]:
         """A trial's settings over the preset: ``config``, then the sampled values, and its
@@ -680,7 +680,7 @@ class _TrialEnded:
         if trial.state == state.COMPLETE:
             best = study.best_trial.number == trial.number
             scores = trial.user_attrs.get("seed_scores")
-            each = f"; its seeds: {', '.join(f'{v:.2f}' for v in scores)}" if scores else ""
+            each = f": {', '.join(f'{v:.2f}' for v in scores)}" if scores else ""
             self.announce(
                 f"trial {trial.number}: {trial.value:.2f} ({self.settings.objective_words()}"
                 f"{each}){'; the best so far' if best else ''}"
