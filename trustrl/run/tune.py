@@ -473,12 +473,11 @@ class Objective:
         settings = self.settings
         values = settings.space.sample(trial)
         # A retry keeps the seeds of the trial it repeats.
-        seeds = settings.trial_seeds(trial.number, trial.user_attrs.get("seed"))
+        seeds = _seeds(settings, trial)
         trial.set_user_attr("seed", seeds[0])
         folder = settings.study_dir / "trials" / f"trial_{trial.number:04d}"
         shown = ", ".join(f"{name}={format_value(v)}" for name, v in values.items())
-        named = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}"
-        self.announce(f"trial {trial.number} ({named}): {shown}")
+        self.announce(f"trial {trial.number} ({seeds_words(seeds)}): {shown}")
         scores = []
         for index, seed in enumerate(seeds):
             run_dir = folder if len(seeds) == 1 else folder / f"seed_{seed}"
@@ -518,12 +517,17 @@ class Objective:
         return reported
 
 
-def seeds_words(settings: TuneSettings, trial: Any, short: bool = False) -> str:
-    """The seeds a finished trial trained on, in words ("seed 1003", "seeds 1006-1007")."""
-    seeds = settings.trial_seeds(trial.number, trial.user_attrs.get("seed"))
+def seeds_words(seeds: list[int], short: bool = False) -> str:
+    """A trial's seeds in words: "seed 1003", "seeds 1006-1007" (short: "1003",
+    "1006-1007")."""
     if len(seeds) == 1:
         return str(seeds[0]) if short else f"seed {seeds[0]}"
     return f"{seeds[0]}-{seeds[-1]}" if short else f"seeds {seeds[0]}-{seeds[-1]}"
+
+
+def _seeds(settings: TuneSettings, trial: Any) -> list[int]:
+    """The seeds a trial of the study trains on (those of the trial a retry repeats)."""
+    return settings.trial_seeds(trial.number, trial.user_attrs.get("seed"))
 
 
 def _objective(trial: Any) -> float:
@@ -742,7 +746,8 @@ def write_best(settings: TuneSettings, study: optuna.Study, optuna: ModuleType) 
         + _comment(
             f"Trial {best.number} of {len(study.trials)}: objective {best.value:.2f}, "
             f"{settings.objective_words()} ({settings.eval_episodes} episodes each), "
-            f"{seeds_words(settings, best)}, {settings.budget:,} env steps."
+            f"{seeds_words(_seeds(settings, best))}, "
+            f"{settings.budget:,} env steps."
         )
         + _comment(
             f"{over[0].upper()}{over[1:]} and the tuned values over it: {', '.join(values)}."
@@ -773,7 +778,7 @@ def top_trials_table(outcome: TuneOutcome, count: int = 5) -> str:
     rows = [
         ["trial", *(f"#{t.number}" for t in top)],
         ["objective", *(f"{t.value:.2f}" for t in top)],
-        ["seed", *(seeds_words(outcome.settings, t, short=True) for t in top)],
+        ["seed", *(seeds_words(_seeds(outcome.settings, t), short=True) for t in top)],
     ]
     if outcome.settings.seeds_per_trial > 1:
         for index in range(outcome.settings.seeds_per_trial):
