@@ -185,6 +185,7 @@ UNVALIDATED = {
     "env.episodic_life",
     "env.clip_reward",
     "env.image_keys",  # checked against the observation space when the env is built
+    "env.flat_keys",  # likewise
     "policy.share_encoder",  # refused by TRPO and separate optimizers when they are built
     "policy.ortho_init",
     "policy.encoder",  # a registered name: the registry refuses others when the policy is built

@@ -477,13 +477,9 @@ LOGIT_TOL = 1e-4
 N_REAL = 300
 
 
-def structured_spec(space: gym.Space, actions: gym.Space, image_keys=()) -> SpaceSpec:
-    return SpaceSpec.from_spaces(space, actions, image_keys=tuple(image_keys))
-
-
 def dot_spec(kind: str) -> SpaceSpec:
     env = test_envs.DotEnv(kind)
-    return structured_spec(env.observation_space, env.action_space)
+    return SpaceSpec.from_spaces(env.observation_space, env.action_space)
 
 
 MASKED_IMAGE = gym.spaces.Dict(
@@ -510,7 +506,7 @@ STRUCTURED: dict[str, Callable[[], tuple[str, gym.Env | None, SpaceSpec]]] = {
     "masked-image": lambda: (
         "custom:MaskedImage",
         None,
-        structured_spec(MASKED_IMAGE, gym.spaces.Discrete(4)),
+        SpaceSpec.from_spaces(MASKED_IMAGE, gym.spaces.Discrete(4)),
     ),
 }
 
@@ -754,15 +750,20 @@ def test_structured_gateway_model_gives_the_policys_log_probabilities(
         assert_acts_alike(action, policy.act(batch), logit_gaps(policy, batch))
 
 
-PACK_SPACES: dict[str, tuple[gym.Space, tuple[str, ...]]] = {
-    "uint8-frame": (gym.spaces.Box(0, 255, (4, 9, 9), np.uint8), ()),
-    "bool-grid": (gym.spaces.Box(0, 1, (5, 5, 3), bool), ()),
-    "discrete-start": (gym.spaces.Discrete(5, start=-2), ()),
-    "multidiscrete": (gym.spaces.MultiDiscrete([3, 2, 4], start=[1, 0, -1]), ()),
-    "multibinary": (gym.spaces.MultiBinary([2, 3]), ()),
+PACK_SPACES: dict[str, tuple[gym.Space, dict[str, tuple[str, ...]]]] = {
+    "uint8-frame": (gym.spaces.Box(0, 255, (4, 9, 9), np.uint8), {}),
+    "bool-grid": (gym.spaces.Box(0, 1, (5, 5, 3), bool), {}),
+    "discrete-start": (gym.spaces.Discrete(5, start=-2), {}),
+    "multidiscrete": (gym.spaces.MultiDiscrete([3, 2, 4], start=[1, 0, -1]), {}),
+    "multibinary": (gym.spaces.MultiBinary([2, 3]), {}),
     "tuple-of-bytes": (
         gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(0, 1, (4, 4), bool))),
-        (),
+        {},
+    ),
+    # A bool grid taken flat (env.flat_keys) beside a one-hot: MinAtar for an MLP.
+    "tuple-flat-grid": (
+        gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(0, 1, (4, 4, 2), bool))),
+        {"flat_keys": ("1",)},
     ),
     # A float row: float64 and int32 vectors, a float image (env.image_keys), one-hots.
     "everything": (
@@ -777,7 +778,7 @@ PACK_SPACES: dict[str, tuple[gym.Space, tuple[str, ...]]] = {
                 "flags": gym.spaces.MultiBinary(2),
             }
         ),
-        ("depth",),
+        {"image_keys": ("depth",)},
     ),
 }
 
@@ -788,8 +789,8 @@ def test_the_exported_packing_equals_split(name: str) -> None:
     ``SpaceSpec.split`` (envs/layout.py's ``pack``), dtype included."""
     from trustrl.run.export import Pack
 
-    space, image_keys = PACK_SPACES[name]
-    spec = structured_spec(space, gym.spaces.Discrete(2), image_keys)
+    space, keys = PACK_SPACES[name]
+    spec = SpaceSpec.from_spaces(space, gym.spaces.Discrete(2), **keys)
     space.seed(5)
     batch = stack([space.sample() for _ in range(64)])
     rows, _ = spec.split(batch)

@@ -41,6 +41,8 @@ DICT = spaces.Dict(
     }
 )
 
+GRID_DICT = spaces.Dict({"grid": GRID, "vec": spaces.Box(-5.0, 5.0, (3,), np.float32)})
+
 
 def _batch(space: gym.Space, n: int, seed: int = 0) -> Any:
     space.seed(seed)
@@ -136,6 +138,29 @@ def test_image_keys_take_a_float_box_as_an_image_and_unknown_keys_are_refused() 
         SpaceSpec.from_spaces(space, spaces.Discrete(2), image_keys=("rgb",))
 
 
+def test_flat_keys_take_a_bool_grid_flat_and_refuse_what_is_not_one() -> None:
+    spec = SpaceSpec.from_spaces(GRID, spaces.Discrete(2), flat_keys=("",))
+    (entry,) = spec.obs_entries
+    assert entry["kind"] == "binary" and entry["width"] == 72 and not spec.has_images
+    assert spec.obs_dtype == np.uint8 and spec.vector_dim == 0 and spec.flat_keys == ("",)
+    grid = np.random.default_rng(0).random((3, 6, 6, 2)) < 0.5
+    rows, _ = spec.split(grid)
+    np.testing.assert_array_equal(rows, grid.reshape(3, -1).astype(np.uint8))
+    mixed = SpaceSpec.from_spaces(GRID_DICT, spaces.Discrete(2), flat_keys=("grid",))
+    assert [e["kind"] for e in mixed.obs_entries] == ["vector", "binary"]
+    assert mixed.obs_dtype == np.float32 and mixed.vector_dim == 3
+    assert mixed.flat_keys == ("grid",)
+    uint8 = spaces.Box(0, 255, (6, 6, 2), np.uint8)
+    with pytest.raises(ConfigError, match=r"is named in env.flat_keys but is Box\(0, 255"):
+        SpaceSpec.from_spaces(uint8, spaces.Discrete(2), flat_keys=("",))
+    with pytest.raises(ConfigError, match=r"env.flat_keys names \['rgb'\].*'grid'"):
+        SpaceSpec.from_spaces(GRID_DICT, spaces.Discrete(2), flat_keys=("rgb",))
+    with pytest.raises(ConfigError, match=r"env.image_keys and env.flat_keys both name"):
+        SpaceSpec.from_spaces(
+            GRID_DICT, spaces.Discrete(2), image_keys=("grid",), flat_keys=("grid",)
+        )
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
@@ -182,22 +207,24 @@ def test_a_wrong_entry_is_named_with_what_was_expected_and_received(
 
 
 @pytest.mark.parametrize(
-    "space",
+    ("space", "flat"),
     [
-        spaces.Box(0, 255, (4, 40, 40), np.uint8),  # channels first, the Nature CNN
-        GRID,  # bool, channels last, MinAtar's network
-        spaces.Box(0, 255, (9, 9), np.uint8),  # one channel
-        DICT,
-        spaces.Tuple((spaces.Discrete(5), spaces.MultiBinary(3))),
+        (spaces.Box(0, 255, (4, 40, 40), np.uint8), ()),  # channels first, the Nature CNN
+        (GRID, ()),  # bool, channels last, MinAtar's network
+        (GRID, ("",)),  # the same grid taken flat: an MLP on its cells (env.flat_keys)
+        (spaces.Box(0, 255, (9, 9), np.uint8), ()),  # one channel
+        (DICT, ()),
+        (GRID_DICT, ("grid",)),
+        (spaces.Tuple((spaces.Discrete(5), spaces.MultiBinary(3))), ()),
     ],
-    ids=["uint8-first", "bool-grid", "2d", "dict", "tuple"],
+    ids=["uint8-first", "bool-grid", "bool-grid-flat", "2d", "dict", "dict-flat", "tuple"],
 )
 @pytest.mark.parametrize("normalize", [False, True])
 def test_the_acting_side_computes_what_the_policy_computes(
-    space: gym.Space, normalize: bool
+    space: gym.Space, flat: tuple[str, ...], normalize: bool
 ) -> None:
     torch.manual_seed(0)
-    spec = SpaceSpec.from_spaces(space, spaces.Discrete(3))
+    spec = SpaceSpec.from_spaces(space, spaces.Discrete(3), flat_keys=flat)
     policy = Policy(spec, PolicyConfig(hidden_sizes=(32,)), normalize_obs=normalize)
     rows, _ = spec.split(_batch(space, 64))
     if policy.obs_normalizer is not None:  # statistics of their own: a real standardization
@@ -392,6 +419,20 @@ def test_ppo_learns_structured_observations_checkpoints_and_resumes(
     )
     resumed.train()
     assert resumed.env_steps == 6400
+
+
+def test_ppo_learns_a_bool_grid_taken_flat_and_evaluates_it(tmp_path: Path) -> None:
+    """env.flat_keys: the grid's cells feed the MLP (no convolution), and the run's
+    evaluations and a loaded policy lay the env's spaces out the same way."""
+    env = {"num_envs": 4, "kwargs": {"kind": "bool"}, "flat_keys": [""]}
+    trainer = trustrl.Trainer(_config(tmp_path, "bool", env=env))
+    policy = trainer.train()
+    assert not any(isinstance(m, torch.nn.Conv2d) for m in policy.modules())
+    assert trainer.eval_result is not None and trainer.eval_result.mean_return >= 7.0
+    loaded = trustrl.load_policy(tmp_path / "bool")
+    assert loaded.spec.flat_keys == ("",)
+    result = trustrl.evaluate(loaded, "tests.envs:DotEnv", 4, env_kwargs={"kind": "bool"})
+    assert result.mean_return >= 7.0
 
 
 def test_ppo_learns_with_a_shared_encoder(tmp_path: Path) -> None:

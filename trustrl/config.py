@@ -194,6 +194,8 @@ class EnvConfig:
     """Train on the sign of each reward (-1, 0 or 1), as the Atari presets do (Mnih et al. 2015); episode returns are still reported as the env gave them."""
     image_keys: tuple[str, ...] = ()
     """Float Box observation entries to take as images (through the CNN, scaled by nothing, never normalized): Dict keys, Tuple indices as text, or "" for a whole Box observation. uint8 and bool Boxes of 2 or 3 dimensions are images without it."""
+    flat_keys: tuple[str, ...] = ()
+    """bool Box observation entries (0/1 grids such as MinAtar's) to take flat, as 0/1 features for the MLP, instead of as images through the CNN: the network gymnax's MinAtar agents use. Dict keys, Tuple indices as text, or "" for a whole Box observation; kept as bytes in the rollout, never normalized."""
     obs_stats: ObsStats = "rollout"
     """When the observation statistics that act are updated: rollout (the policy snapshot's, frozen for a rollout; the learner merges what the rollout saw once per iteration) or step (the collector's copy also takes in every step, as SB3's VecNormalize does)."""
     nonfinite: NonFinite = "error"

@@ -390,7 +390,13 @@ def make_row_env(config: Any) -> RowEnv:
             frame_stack=config.env.frame_stack,
             episodic_life=config.env.episodic_life,
         )
-        return GymRows(envs, config.env_id, drop_nonfinite=drop, image_keys=config.env.image_keys)
+        return GymRows(
+            envs,
+            config.env_id,
+            drop_nonfinite=drop,
+            image_keys=config.env.image_keys,
+            flat_keys=config.env.flat_keys,
+        )
 
 
 @contextlib.contextmanager
@@ -430,9 +436,11 @@ class GymRows:
         name: str = "the env",
         drop_nonfinite: bool = False,
         image_keys: tuple[str, ...] = (),
+        flat_keys: tuple[str, ...] = (),
     ) -> None:
         self.envs = envs
         self.image_keys = tuple(image_keys)
+        self.flat_keys = tuple(flat_keys)
         self.num_envs = envs.num_envs
         self.name = name
         self.drop_nonfinite = drop_nonfinite
@@ -461,6 +469,7 @@ class GymRows:
                 self.envs.single_action_space,
                 "action_mask" in info,
                 self.image_keys,
+                self.flat_keys,
             )
             self._groups = [AgentGroup("", ("",), spec)]
         obs, mask = self.spec.split(raw, info)

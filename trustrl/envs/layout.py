@@ -10,7 +10,8 @@ Anything else is laid out as entries, each a run of columns of the row:
 * ``image``: a Box of uint8 or bool with 3 dimensions (2 for one channel), or a float Box
   named in ``env.image_keys``: the raw values, flattened; scaled inside the model;
 * ``onehot``: a Discrete or MultiDiscrete observation, one 0/1 column per choice;
-* ``binary``: a MultiBinary observation, 0/1.
+* ``binary``: a MultiBinary observation, or a bool Box named in ``env.flat_keys`` (a
+  0/1 grid taken flat for the MLP instead of as an image), 0/1.
 
 The row is uint8 when every entry fits a byte (images of uint8 or bool, one-hots,
 binaries), so frames stay bytes from the env through the rollout to the update, and
@@ -58,11 +59,22 @@ def image_shape(entry: Entry) -> tuple[int, int, int]:
     return (*shape, 1) if len(shape) == 2 else shape  # type: ignore[return-value]
 
 
-def entries_of(space: gym.Space, image_keys: tuple[str, ...] = ()) -> list[Entry]:
+def entries_of(
+    space: gym.Space, image_keys: tuple[str, ...] = (), flat_keys: tuple[str, ...] = ()
+) -> list[Entry]:
     """The layout of an observation space: [] for a flat Box that is not an image (the row
-    is the float32 vector), else the entries, vectors first. Anything else (a nested Dict,
-    Text, Graph, Sequence) is refused, naming it."""
-    if isinstance(space, gym.spaces.Box) and not is_image(space) and "" not in image_keys:
+    is the float32 vector), else the entries, vectors first. ``image_keys`` and
+    ``flat_keys`` (``env.image_keys``, ``env.flat_keys``) name entries to take as images,
+    and bool grids to take flat. Anything else (a nested Dict, Text, Graph, Sequence) is
+    refused, naming it."""
+    both = set(image_keys) & set(flat_keys)
+    if both:
+        raise ConfigError(
+            f"env.image_keys and env.flat_keys both name {sorted(both)}: an entry is taken "
+            "as an image or flat, not both"
+        )
+    whole_taken = "" in image_keys or "" in flat_keys
+    if isinstance(space, gym.spaces.Box) and not is_image(space) and not whole_taken:
         return []
     if isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
         items = (
@@ -72,25 +84,39 @@ def entries_of(space: gym.Space, image_keys: tuple[str, ...] = ()) -> list[Entry
         )
         if not items:
             raise ConfigError(f"observation space {space} has no entries")
-        entries = [_entry(str(key), sub, image_keys, space) for key, sub in items]
+        entries = [_entry(str(key), sub, image_keys, flat_keys, space) for key, sub in items]
     else:
-        entries = [_entry("", space, image_keys, space)]
-    unknown = set(image_keys) - {e["key"] for e in entries}
-    if unknown:
-        names = ", ".join(repr(e["key"]) for e in entries)
-        raise ConfigError(
-            f"env.image_keys names {sorted(unknown)}, which the observation space does not "
-            f"have (its entries: {names}; '' is a whole Box observation)"
-        )
+        entries = [_entry("", space, image_keys, flat_keys, space)]
+    for field, keys in (("image_keys", image_keys), ("flat_keys", flat_keys)):
+        unknown = set(keys) - {e["key"] for e in entries}
+        if unknown:
+            names = ", ".join(repr(e["key"]) for e in entries)
+            raise ConfigError(
+                f"env.{field} names {sorted(unknown)}, which the observation space does not "
+                f"have (its entries: {names}; '' is a whole Box observation)"
+            )
     return sorted(entries, key=lambda e: e["kind"] != "vector")  # stable: vectors first
 
 
-def _entry(key: str, space: gym.Space, image_keys: tuple[str, ...], whole: gym.Space) -> Entry:
+def _entry(
+    key: str,
+    space: gym.Space,
+    image_keys: tuple[str, ...],
+    flat_keys: tuple[str, ...],
+    whole: gym.Space,
+) -> Entry:
     where = f"observation entry {key!r}" if key else "the observation"
+    if key in flat_keys and not (isinstance(space, gym.spaces.Box) and space.dtype == np.bool_):
+        raise ConfigError(
+            f"{where} is named in env.flat_keys but is {space}: env.flat_keys takes bool "
+            "Boxes (0/1 grids)"
+        )
     if isinstance(space, gym.spaces.Box):
         shape = [int(d) for d in space.shape]
         dtype = np.dtype(space.dtype).name
         width = math.prod(shape)
+        if key in flat_keys:  # a 0/1 grid, flat: the MLP reads its cells
+            return {"key": key, "kind": "binary", "shape": shape, "dtype": dtype, "width": width}
         if is_image(space) or key in image_keys:
             if len(shape) not in (2, 3):
                 raise ConfigError(

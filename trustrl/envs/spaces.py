@@ -78,6 +78,14 @@ class SpaceSpec:
         )
 
     @property
+    def flat_keys(self) -> tuple[str, ...]:
+        """The bool grids taken flat (``env.flat_keys``), to lay out an env's spaces as
+        this spec did."""
+        return tuple(
+            e["key"] for e in self.obs_entries if e["kind"] == "binary" and e["dtype"] == "bool"
+        )
+
+    @property
     def has_images(self) -> bool:
         return any(e["kind"] == "image" for e in self.obs_entries)
 
@@ -97,15 +105,17 @@ class SpaceSpec:
         action_space: gym.Space,
         info_mask: bool = False,
         image_keys: tuple[str, ...] = (),
+        flat_keys: tuple[str, ...] = (),
     ) -> SpaceSpec:
         """The spec of an env's spaces; ``image_keys`` names float Box entries to take as
-        images (``env.image_keys``; "" for a whole Box observation)."""
+        images (``env.image_keys``; "" for a whole Box observation), ``flat_keys`` bool
+        grids to take flat (``env.flat_keys``)."""
         dict_obs = isinstance(observation_space, gym.spaces.Dict) and set(
             observation_space.spaces
         ) == {"observation", "action_mask"}
         if dict_obs:  # the action-mask convention: the observation is its "observation"
             observation_space = observation_space["observation"]  # type: ignore[index]
-        entries = tuple(layout.entries_of(observation_space, image_keys))
+        entries = tuple(layout.entries_of(observation_space, image_keys, flat_keys))
         if not entries:
             obs_shape = tuple(int(d) for d in observation_space.shape)  # type: ignore[union-attr]
         elif len(entries) == 1 and entries[0]["key"] == "":

@@ -130,7 +130,10 @@ def check_spaces(spec: SpaceSpec, env: gym.Env, env_id: str) -> None:
     """Refuse an env whose spaces the policy was not trained for, naming both."""
     try:
         env_spec = SpaceSpec.from_spaces(
-            env.observation_space, env.action_space, image_keys=spec.image_keys
+            env.observation_space,
+            env.action_space,
+            image_keys=spec.image_keys,
+            flat_keys=spec.flat_keys,
         )
     except ConfigError as exc:
         raise ValueError(f"{env_id}: {exc}") from None
