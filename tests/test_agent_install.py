@@ -4,7 +4,6 @@ learner through the gateway."""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 
 from tests.test_gateway import ROOT, ServeProcess, _private_ray, _wait, ray_needed
 from trustrl.remote import credentials
+from trustrl.run.logging import read_progress
 
 
 def _site_packages_mib(venv: Path) -> float:
@@ -78,7 +78,7 @@ def test_an_agent_only_install_has_no_torch_and_trains_a_learner(tmp_path: Path)
         _wait(lambda: learner.process.poll() is not None, "the learner to finish")
         output = learner.stop()
         assert learner.process.returncode == 0, output[-3000:]
-        rows = list(csv.DictReader((run_dir / "progress.csv").open()))
+        rows = read_progress(run_dir / "progress.csv")
         print(f"agent: {json.dumps(report)}; {time.monotonic() - started:.1f} s")
         assert rows  # iterations trained on the agent's chunks
         trained = int(rows[-1]["env_steps"])

@@ -781,8 +781,8 @@ def top_trials_table(outcome: TuneOutcome, count: int = 5) -> str:
         ["seed", *(seeds_words(_seeds(outcome.settings, t), short=True) for t in top)],
     ]
     if outcome.settings.seeds_per_trial > 1:
+        scores = [t.user_attrs.get("seed_scores") or [] for t in top]
         for index in range(outcome.settings.seeds_per_trial):
-            scores = [t.user_attrs.get("seed_scores") or [] for t in top]
             rows.append([f"seed {index + 1}", *(f"{v[index]:.2f}" if v else "-" for v in scores)])
     for name in space.names:
         rows.append([name, *(format_value(space.values(t.params).get(name, "-")) for t in top)])
