@@ -26,6 +26,7 @@ from trustrl import cli
 from trustrl.config import list_presets, resolve
 from trustrl.run import tune as tuning
 from trustrl.run.logging import read_progress
+from trustrl.run.pruning import seed_median_pruner
 from trustrl.run.space import check_space, default_space, read_space
 from trustrl.run.trial import Ended, Evaluation, Event, TrialJob
 
@@ -385,13 +386,11 @@ def test_a_trial_that_finished_under_a_ctrl_c_counts_and_stops_the_study(
     assert not again.interrupted and len(again.study.trials) == 2
 
 
-def test_a_trial_on_several_seeds_is_pruned_by_its_best_evaluation_so_far(
-    tmp_path: Path, space_file: Path
-) -> None:
-    """Optuna's median rule with two seeds a trial: the second seed's evaluations are
-    compared at their own steps, but with the trial's best so far, so a good first seed
-    keeps a trial going (its poor second seed then sets its objective), while a poor
-    first seed is pruned after the warm-up."""
+def test_each_seed_of_a_trial_is_pruned_on_its_own(tmp_path: Path, space_file: Path) -> None:
+    """The median rule with two seeds a trial: each seed is judged by its own best
+    evaluation so far against the completed trials' evaluations at the same step, after
+    its own warm-up, so a good first seed does not carry a poor second one (Optuna's
+    MedianPruner, which takes the best over all the trial's steps, would let it run)."""
     curves = {
         (0, 0): [100.0] * 10, (0, 1): [100.0] * 10,
         (1, 0): [100.0] * 10, (1, 1): [1.0] * 10,
@@ -410,11 +409,38 @@ def test_a_trial_on_several_seeds_is_pruned_by_its_best_evaluation_so_far(
     lines: list[str] = []
     outcome = tuning.tune(settings, launch, announce=lines.append)
     first, second, third = outcome.study.trials
-    assert first.state == second.state == optuna.trial.TrialState.COMPLETE
-    assert second.value == 1.0 and second.user_attrs["seed_scores"] == [100.0, 1.0]
-    assert third.state == optuna.trial.TrialState.PRUNED
+    assert first.state == optuna.trial.TrialState.COMPLETE
+    assert second.state == third.state == optuna.trial.TrialState.PRUNED
+    # The second seed ran to its own warm-up (steps 11-13), not to its end.
+    assert sorted(second.intermediate_values) == [*range(1, 11), 11, 12, 13]
+    assert "trial 1: pruned at 3/10 of its budget on its seed 2 of 2 (evaluation 1.00)" in lines
     assert sorted(third.intermediate_values) == [1, 2, 3]
     assert "trial 2: pruned at 3/10 of its budget on its seed 1 of 2 (evaluation 1.00)" in lines
+
+
+@pytest.mark.parametrize("draw", range(20))
+def test_with_one_seed_a_trial_the_pruner_decides_as_optunas_median_pruner(draw: int) -> None:
+    rng = __import__("random").Random(draw)
+    startup, warmup = rng.randint(0, 4), rng.randint(0, 5)
+
+    def values(steps: int) -> dict[int, float]:
+        choices = [rng.uniform(0, 100), rng.choice([0.0, 50.0, 100.0]), math.nan]
+        return {s: rng.choice(choices) for s in range(1, steps + 1) if rng.random() > 0.1}
+
+    study = optuna.create_study(direction="maximize")
+    for _ in range(rng.randint(0, 7)):
+        study.add_trial(
+            optuna.trial.create_trial(value=rng.uniform(0, 100), intermediate_values=values(10))
+        )
+    ours = seed_median_pruner(optuna, startup, warmup)
+    theirs = optuna.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=warmup)
+    for steps in range(1, 11):
+        running = optuna.trial.create_trial(
+            state=optuna.trial.TrialState.RUNNING, intermediate_values=values(steps)
+        )
+        if running.last_step is None:
+            continue
+        assert ours.prune(study, running) == theirs.prune(study, running), (steps, running)
 
 
 def test_trials_run_side_by_side_in_child_processes(tmp_path: Path, space_file: Path) -> None:

@@ -3,11 +3,11 @@
 A study samples a search space (``run/space.py``) with Optuna's TPE sampler; each trial
 trains the env's preset with the sampled values for a short budget on a seed of its own
 (``run/trial.py``), reports its periodic deterministic evaluations, and is stopped early
-by Optuna's median pruner when it falls below the median of the trials before it at the
-same point of the budget. Its objective is the mean of its last evaluations. With
-``--seeds-per-trial K`` a trial trains its values on K seeds, one after another, and its
-objective is the worst seed's: a study then favours settings that learn on every seed,
-not one lucky draw.
+by the median rule (``run/pruning.py``: Optuna's, per seed) when it falls below the median
+of the trials before it at the same point of the budget. Its objective is the mean of its
+last evaluations. With ``--seeds-per-trial K`` a trial trains its values on K seeds, one
+after another, and its objective is the worst seed's: a study then favours settings that
+learn on every seed, not one lucky draw.
 
 The study lives in its folder::
 
@@ -50,6 +50,7 @@ from trustrl.config import (
     read_toml,
     resolve,
 )
+from trustrl.run.pruning import seed_median_pruner
 from trustrl.run.space import (
     SearchSpace,
     SpaceError,
@@ -130,7 +131,7 @@ class TuneSettings:
     by an interruption are run again and do not count)."""
     jobs: int = 1
     startup_trials: int = 5
-    """Trials that finish before any is pruned (MedianPruner's n_startup_trials)."""
+    """Trials that finish before any is pruned."""
     warmup: int = 3
     """Tenths of its budget a trial trains before it may be pruned (n_warmup_steps)."""
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -401,9 +402,7 @@ def open_study(settings: TuneSettings, optuna: ModuleType) -> tuple[optuna.Study
         direction="maximize",
         load_if_exists=True,
         sampler=optuna.samplers.TPESampler(seed=settings.seed + done),
-        pruner=optuna.pruners.MedianPruner(
-            n_startup_trials=settings.startup_trials, n_warmup_steps=settings.warmup
-        ),
+        pruner=seed_median_pruner(optuna, settings.startup_trials, settings.warmup),
     )
     spec = study_spec(study)
     if spec is None:
