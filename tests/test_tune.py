@@ -9,6 +9,7 @@ import importlib.util
 import io
 import math
 import os
+import random
 import re
 import shlex
 import signal
@@ -420,7 +421,7 @@ def test_each_seed_of_a_trial_is_pruned_on_its_own(tmp_path: Path, space_file: P
 
 @pytest.mark.parametrize("draw", range(20))
 def test_with_one_seed_a_trial_the_pruner_decides_as_optunas_median_pruner(draw: int) -> None:
-    rng = __import__("random").Random(draw)
+    rng = random.Random(draw)
     startup, warmup = rng.randint(0, 4), rng.randint(0, 5)
 
     def values(steps: int) -> dict[int, float]:
