@@ -23,15 +23,19 @@ The report (stdout, and with ``--write-docs`` the table between the markers of
 docs/pixels.md) gives per game and protocol the mean over the finished seeds, the worst
 seed, the wall time of a run and gymnax's figure. Run folders do not outlive a machine,
 so each finished run's result is also kept in ``docs/benchmarks-pixels/minatar.json``
-(``--write-docs`` adds the run root's to it): the report is of every run measured, in
-any sitting, a run under the run root replacing the record of the same game, protocol
-and seed.
+(``--write-docs`` adds the run root's to it), each with its training curve thinned to
+at most ``CURVE_POINTS`` iterations (env steps, the mean return of the iteration's
+finished games, the policy's entropy), so that a curve can still be read once its run
+folder is gone: the report is of every run measured, in any sitting, a run under the run
+root replacing the record of the same game, protocol and seed.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -52,6 +56,8 @@ PRESET_STICKY = 0.1  # the minatar package's default, which the presets keep
 EPISODE_STEPS = 1000  # the presets' max_episode_steps (gymnax's max_steps_in_episode)
 MARKERS = ("<!-- pixels-table:start -->", "<!-- pixels-table:end -->")
 RECORD = ROOT / "docs" / "benchmarks-pixels" / "minatar.json"
+DOC = ROOT / "docs" / "pixels.md"
+CURVE_POINTS = 100  # a recorded curve's most iterations (a 10M-step run has 1,220)
 
 
 def run_dir(root: Path, game: str, seed: int, sticky: float | None = None) -> Path:
@@ -106,7 +112,8 @@ def finish(folder: Path, game: str, seed: int, sticky: float | None) -> None:
 def results(root: Path, record: Path = RECORD) -> list[dict[str, Any]]:
     """Every measured run: the record's (earlier sittings), replaced by the run root's of
     the same game, protocol and seed; each with its training wall time (``wall_seconds``,
-    None where the record has none)."""
+    None where the record has none) and, for the run root's, its thinned training curve
+    (``curve``)."""
 
     def key(result: dict[str, Any]) -> tuple[str, float, int]:
         return result["game"], float(result.get("sticky", PRESET_STICKY)), int(result["seed"])
@@ -114,7 +121,11 @@ def results(root: Path, record: Path = RECORD) -> list[dict[str, Any]]:
     found = {key(r): r for r in (json.loads(record.read_text()) if record.is_file() else [])}
     for path in sorted(root.glob(f"*/{RESULT}")):
         result = json.loads(path.read_text())
-        found[key(result)] = {**result, "wall_seconds": _wall(path.parent)}
+        found[key(result)] = {
+            **result,
+            "wall_seconds": _wall(path.parent),
+            "curve": _curve(path.parent),
+        }
     return sorted(found.values(), key=key)
 
 
@@ -157,14 +168,33 @@ def _wall(folder: Path) -> float:
     return float(lines[-1].split(",")[header.index("wall_time")])
 
 
+def _curve(folder: Path) -> list[list[float | None]]:
+    """A run's training curve from its progress.csv, as ``[env_steps, return, entropy]``
+    rows: every k-th iteration, k the smallest that keeps at most ``CURVE_POINTS``, counted
+    back from the last (always kept); a return with no finished game is None."""
+    with (folder / "progress.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    if not rows:
+        return []
+    step = math.ceil(len(rows) / CURVE_POINTS)
+    kept = rows[len(rows) - 1 :: -step][::-1]
+
+    def number(text: str) -> float | None:
+        value = float(text) if text else math.nan
+        return None if math.isnan(value) else value
+
+    return [
+        [int(r["env_steps"]), number(r["episode_return_mean"]), number(r["entropy"])] for r in kept
+    ]
+
+
 def write_docs(table: str) -> None:
-    path = ROOT / "docs" / "pixels.md"
-    text = path.read_text()
+    text = DOC.read_text()
     start, end = (text.index(m) for m in MARKERS)
-    path.write_text(text[: start + len(MARKERS[0])] + "\n" + table + "\n" + text[end:])
+    DOC.write_text(text[: start + len(MARKERS[0])] + "\n" + table + "\n" + text[end:])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-root", type=Path, required=True)
     parser.add_argument("--games", default=",".join(GAMES))
@@ -178,7 +208,7 @@ def main() -> None:
     )
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--write-docs", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     games = [g for g in args.games.split(",") if g]
     unknown = set(games) - set(GAMES)
     if unknown:
@@ -201,7 +231,7 @@ def main() -> None:
                     f"{seconds / 60:.1f} min this session",
                     flush=True,
                 )
-    found = results(args.run_root)
+    found = results(args.run_root, RECORD)
     table = report(found)
     print(table)
     if args.write_docs:
