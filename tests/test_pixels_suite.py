@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 @pytest.fixture(scope="module")
-def pixels():
-    spec = importlib.util.spec_from_file_location(
-        "benchmarks_pixels", ROOT / "benchmarks" / "pixels.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def pixels(benchmark_script):
+    return benchmark_script("pixels")
 
 
 def result(game: str, seed: int, deterministic: float, stochastic: float) -> dict:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,18 +11,10 @@ import pytest
 import trustrl
 from trustrl.config import config_to_dict
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 @pytest.fixture(scope="module")
-def quality():
-    spec = importlib.util.spec_from_file_location(
-        "benchmarks_quality", ROOT / "benchmarks" / "quality.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
+def quality(benchmark_script):
+    return benchmark_script("quality")
 
 
 def finish(quality, root: Path, algo: str, env_id: str, seed: int, score: float, **extra) -> Path:
