@@ -33,7 +33,6 @@ root replacing the record of the same game, protocol and seed.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import statistics
@@ -42,6 +41,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from trustrl.run.logging import read_progress
 
 ROOT = Path(__file__).resolve().parent.parent
 TRUSTRL = [sys.executable, "-m", "trustrl.cli"]
@@ -109,7 +110,7 @@ def finish(folder: Path, game: str, seed: int, sticky: float | None) -> None:
     tmp.replace(folder / RESULT)
 
 
-def results(root: Path, record: Path = RECORD) -> list[dict[str, Any]]:
+def results(root: Path, record: Path) -> list[dict[str, Any]]:
     """Every measured run: the record's (earlier sittings), replaced by the run root's of
     the same game, protocol and seed; each with its training wall time (``wall_seconds``,
     None where the record has none) and, for the run root's, its thinned training curve
@@ -121,10 +122,12 @@ def results(root: Path, record: Path = RECORD) -> list[dict[str, Any]]:
     found = {key(r): r for r in (json.loads(record.read_text()) if record.is_file() else [])}
     for path in sorted(root.glob(f"*/{RESULT}")):
         result = json.loads(path.read_text())
+        progress = read_progress(path.parent / "progress.csv")
         found[key(result)] = {
             **result,
-            "wall_seconds": _wall(path.parent),
-            "curve": _curve(path.parent),
+            # the last row's: the trainer carries wall_time over resumed sessions
+            "wall_seconds": progress[-1]["wall_time"],
+            "curve": _curve(progress),
         }
     return sorted(found.values(), key=key)
 
@@ -160,31 +163,19 @@ def _row(game: str, sticky: float, mine: list[dict[str, Any]]) -> str:
     )
 
 
-def _wall(folder: Path) -> float:
-    """A run's training wall time: progress.csv's last wall_time (it spans resumed
-    sessions: the trainer carries it in the checkpoint)."""
-    lines = (folder / "progress.csv").read_text().splitlines()
-    header = lines[0].split(",")
-    return float(lines[-1].split(",")[header.index("wall_time")])
-
-
-def _curve(folder: Path) -> list[list[float | None]]:
-    """A run's training curve from its progress.csv, as ``[env_steps, return, entropy]``
-    rows: every k-th iteration, k the smallest that keeps at most ``CURVE_POINTS``, counted
-    back from the last (always kept); a return with no finished game is None."""
-    with (folder / "progress.csv").open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    if not rows:
-        return []
-    step = math.ceil(len(rows) / CURVE_POINTS)
-    kept = rows[len(rows) - 1 :: -step][::-1]
-
-    def number(text: str) -> float | None:
-        value = float(text) if text else math.nan
-        return None if math.isnan(value) else value
-
+def _curve(progress: list[dict[str, float]]) -> list[list[float | None]]:
+    """A run's training curve from its progress rows, as ``[env_steps, return, entropy]``:
+    every k-th iteration, k the smallest that keeps at most ``CURVE_POINTS``, counted back
+    from the last (always kept); a return with no finished game (NaN) is None."""
+    step = math.ceil(len(progress) / CURVE_POINTS)
+    kept = progress[len(progress) - 1 :: -step][::-1]
     return [
-        [int(r["env_steps"]), number(r["episode_return_mean"]), number(r["entropy"])] for r in kept
+        [
+            int(row["env_steps"]),
+            None if math.isnan(row["episode_return_mean"]) else row["episode_return_mean"],
+            row["entropy"],
+        ]
+        for row in kept
     ]
 
 

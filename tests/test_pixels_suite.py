@@ -64,7 +64,7 @@ def test_the_report_keeps_earlier_runs_and_each_new_runs_thinned_curve(
     assert "| SpaceInvaders | | 0 | not yet measured | | 131 | | |" in text
     kept = {(r["game"], r["seed"]): r for r in json.loads(record.read_text())}
     assert set(kept) == {("Asterix", 2), ("Breakout", 1), ("Breakout", 2)}
-    assert kept["Breakout", 1] == {**earlier[0]}  # carried as it was: no curve to add
+    assert kept["Breakout", 1] == earlier[0]  # carried as it was: no curve to add
     asterix = kept["Asterix", 2]["curve"]
     assert len(asterix) == 94  # every 13th of 1,220 iterations: at most 100
     assert asterix[-1] == [1220 * 8192, 122.0, 0.5]  # the last iteration, always
