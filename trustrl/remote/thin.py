@@ -46,7 +46,13 @@ from trustrl.envs import layout
 from trustrl.envs.layout import Entry
 from trustrl.envs.spaces import SpaceSpec
 from trustrl.normalize import MeanStd, RunningStats
-from trustrl.remote.wire import Chunk, ChunkError, check_actions, check_arrays
+from trustrl.remote.wire import (
+    Chunk,
+    ChunkError,
+    check_actions,
+    check_arrays,
+    expect_mask_and_states,
+)
 
 THIN_ARRAYS = ("obs", "actions", "rewards", "action_mask")
 ENTRY_PREFIX = "obs/"
@@ -103,20 +109,14 @@ def check_thin(
     }
     if not spec.obs_entries:
         expected = {"obs": ((rows, *spec.obs_shape), np.float32), **expected}
-    if spec.mask_dim is not None and "action_mask" in tensors:
-        expected["action_mask"] = ((length, spec.mask_dim), np.bool_)
-    elif "action_mask" in tensors:
-        raise ChunkError("action_mask sent for a policy without action masks", "mask")
-    if memory:
-        if "states" not in tensors:
-            raise ChunkError(
-                "states missing: the learner's policy has memory, and a chunk carries the "
-                "states it was acted from (the ONNX model's state input, at step 0 and every "
-                f"{memory['sequence_length']} steps)",
-                "missing_array",
-            )
-        starts = -(-length // memory["sequence_length"])
-        expected["states"] = ((starts, memory["state_size"]), np.float32)
+    expect_mask_and_states(
+        expected,
+        tensors,
+        spec,
+        length,
+        memory,
+        "the ONNX model's state input, at step 0 and every {sequence_length} steps",
+    )
     for entry in spec.obs_entries:
         check_entry(tensors, entry, rows, _whole(spec))
     check_arrays(tensors, expected)

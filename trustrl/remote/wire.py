@@ -232,19 +232,9 @@ def decode_chunk(
         "values": ((length + 1,), np.float32),
         "rewards": ((length,), np.float32),
     }
-    if spec.mask_dim is not None and "action_mask" in tensors:
-        expected["action_mask"] = ((length, spec.mask_dim), np.bool_)
-    elif "action_mask" in tensors:
-        raise ChunkError("action_mask sent for a policy without action masks", "mask")
-    if memory:
-        if "states" not in tensors:
-            raise ChunkError(
-                "states missing: the learner's policy has memory, and a chunk carries the "
-                "states it was acted from (every rollout.sequence_length steps)",
-                "missing_array",
-            )
-        starts = -(-length // memory["sequence_length"])
-        expected["states"] = ((starts, memory["state_size"]), np.float32)
+    expect_mask_and_states(
+        expected, tensors, spec, length, memory, "every rollout.sequence_length steps"
+    )
     if count is not None:  # the statistics of the row's vector columns (all of a flat row)
         expected["obs_mean"] = ((spec.vector_dim,), np.float64)
         expected["obs_m2"] = ((spec.vector_dim,), np.float64)
@@ -322,6 +312,34 @@ def check_arrays(
             )
         if array.dtype.kind == "f" and not np.isfinite(array).all():
             raise ChunkError(f"array {name!r} holds NaN or infinite values", "not_finite")
+
+
+def expect_mask_and_states(
+    expected: dict[str, tuple[tuple[int, ...], Any]],
+    tensors: dict[str, np.ndarray],
+    spec: SpaceSpec,
+    length: int,
+    memory: dict[str, int] | None,
+    states_at: str,
+) -> None:
+    """Adds to ``expected`` (as ``check_arrays`` takes it) the optional arrays of a chunk
+    of ``length`` steps: its action masks where it sends them (a ChunkError if the policy
+    takes none), and the states it was acted from where the policy has memory (a
+    ChunkError if missing; ``states_at`` says when they are taken, for that message, with
+    ``memory``'s fields in braces)."""
+    if spec.mask_dim is not None and "action_mask" in tensors:
+        expected["action_mask"] = ((length, spec.mask_dim), np.bool_)
+    elif "action_mask" in tensors:
+        raise ChunkError("action_mask sent for a policy without action masks", "mask")
+    if memory:
+        if "states" not in tensors:
+            raise ChunkError(
+                "states missing: the learner's policy has memory, and a chunk carries the "
+                f"states it was acted from ({states_at.format(**memory)})",
+                "missing_array",
+            )
+        starts = -(-length // memory["sequence_length"])
+        expected["states"] = ((starts, memory["state_size"]), np.float32)
 
 
 def row_layout(spec: SpaceSpec) -> str:
