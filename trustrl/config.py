@@ -338,7 +338,7 @@ class PPOConfig:
     ent_coef: float = 0.0
     """Entropy bonus coefficient."""
     vf_coef: float = 0.5
-    """Value-loss coefficient in the shared loss."""
+    """Value-loss coefficient in the shared loss. It weighs the mean squared error itself, as SB3 and Tianshou do; CleanRL and gymnax halve the error first, so their 0.5 is 0.25 here."""
     max_grad_norm: float = 0.5
     """Global gradient-norm clip."""
     target_kl: float | None = None
