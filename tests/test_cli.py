@@ -243,6 +243,39 @@ def test_eval_refuses_bad_arguments(cli_run, tmp_path: Path, capsys) -> None:
     assert code == 2 and "does not exist" in err and "Traceback" not in err
 
 
+def test_eval_plays_with_env_kwargs_over_the_runs(cli_run, capsys) -> None:
+    run_dir = cli_run
+    # Sutton and Barto's CartPole reward: 0 a step, -1 when the pole falls.
+    args = ["eval", str(run_dir), "--json", "--episodes", "2"]
+    code, out, err = run_cli([*args, "--env.kwargs", "sutton_barto_reward", "True"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["env_kwargs"] == {"sutton_barto_reward": True}
+    assert all(r in (-1.0, 0.0) for r in result["returns"])
+    code, out, _ = run_cli(args, capsys)
+    assert json.loads(out)["env_kwargs"] == {} and min(json.loads(out)["returns"]) >= 1
+
+    for words, message in (
+        (["sutton_barto_reward"], "--env.kwargs takes KEY VALUE pairs, got an odd number"),
+        (["no_such_argument", "1"], "does not accept the keyword argument 'no_such_argument'"),
+        (["1x", "1"], "--env.kwargs: '1x' is not a keyword argument's name"),
+    ):
+        code, _, err = run_cli([*args, "--env.kwargs", *words], capsys)
+        assert code == 2 and message in err and "Traceback" not in err
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_env_kwargs_values_are_read_as_train_reads_them() -> None:
+    assert cli._env_kwargs(["a", "1", "b", "0.0", "c", "True", "d", "text", "e", "true"]) == {
+        "a": 1,
+        "b": 0.0,
+        "c": True,
+        "d": "text",
+        "e": "true",
+    }
+    assert isinstance(cli._env_kwargs(["a", "1"])["a"], int)
+
+
 def test_resume_through_cli(cli_run, tmp_path: Path, capsys) -> None:
     run_dir = tmp_path / "run"
     shutil.copytree(cli_run, run_dir)

@@ -8,6 +8,7 @@ from the dataclasses and their field docstrings.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -378,6 +379,16 @@ def cmd_eval(argv: list[str]) -> int:
     parser.add_argument(
         "--out", default=None, help="folder for the videos (default: videos/ in PATH)"
     )
+    parser.add_argument(
+        "--env.kwargs",
+        dest="env_kwargs",
+        nargs="+",
+        default=[],
+        metavar="KEY VALUE",
+        help="play with these environment arguments over the run's env.kwargs, in pairs "
+        "read as `trustrl train --env.kwargs` reads them (for example "
+        "`--env.kwargs sticky_action_prob 0.0`)",
+    )
     args = parser.parse_args(argv)
     if args.episodes is None:
         args.episodes = 1 if args.video else 10
@@ -388,12 +399,21 @@ def cmd_eval(argv: list[str]) -> int:
 
     from trustrl.run.checkpoint import load_policy, read_meta, resolve_checkpoint
 
+    overrides = _env_kwargs(args.env_kwargs)
     folder = resolve_checkpoint(args.path)
     config = config_from_dict(read_meta(folder)["config"])
+    if overrides:
+        env = dataclasses.replace(config.env, kwargs={**config.env.kwargs, **overrides})
+        config = dataclasses.replace(config, env=env)
     result, videos = _run_episodes(args, load_policy(folder), config)
     if args.json:
         extra = {"videos": [str(v) for v in videos]} if args.video else {}
-        record = {**result.to_json(), "checkpoint": str(folder), "env_id": config.env_id}
+        record = {
+            **result.to_json(),
+            "checkpoint": str(folder),
+            "env_id": config.env_id,
+            "env_kwargs": config.env.kwargs,
+        }
         print(json.dumps({**record, **extra}))
         return 0
     print(
@@ -408,6 +428,30 @@ def cmd_eval(argv: list[str]) -> int:
     for video in videos:
         print(f"video: {video}")
     return 0
+
+
+def _env_kwargs(words: list[str]) -> dict[str, int | float | bool | str]:
+    """``--env.kwargs KEY VALUE ...`` as a dict, each value an int, a float, True/False or
+    else text, in that order (the order ``trustrl train --env.kwargs`` tries them)."""
+    if len(words) % 2:
+        raise UsageError(
+            f"--env.kwargs takes KEY VALUE pairs, got an odd number of words: {' '.join(words)}"
+        )
+    out: dict[str, int | float | bool | str] = {}
+    for key, text in zip(words[::2], words[1::2], strict=True):
+        if not key.isidentifier():
+            raise UsageError(f"--env.kwargs: {key!r} is not a keyword argument's name")
+        out[key] = _kwarg_value(text)
+    return out
+
+
+def _kwarg_value(text: str) -> int | float | bool | str:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"True": True, "False": False}.get(text, text)
 
 
 def _run_episodes(
