@@ -15,9 +15,13 @@ gymnax's figures do), and marked done (``result.json``).
 
 The presets play the minatar package's games with its sticky actions (0.1, the benchmark as
 Young & Tian 2019 define it); gymnax's games, whose figures the table stands beside, have
-none. ``--sticky P`` trains and evaluates with ``sticky_action_prob = P`` instead
-(``--sticky 0``: gymnax's protocol); each run records its own, and the report gives each
-protocol its rows.
+none. So a run trained with sticky actions is evaluated twice more, 100 episodes each
+way on games without them (``trustrl eval --env.kwargs sticky_action_prob 0.0``:
+gymnax's evaluation, ``no_sticky`` in its result); a finished run measured before these
+existed gets them the next time the suite starts with its run folder there.
+``--sticky P`` trains and evaluates with ``sticky_action_prob = P`` instead (``--sticky
+0``: gymnax's protocol, training included); each run records its own, and the report
+gives each protocol its rows.
 
 The report (stdout, and with ``--write-docs`` the table between the markers of
 docs/pixels.md) gives per game and protocol the mean over the finished seeds, the worst
@@ -52,6 +56,7 @@ TRUSTRL = [sys.executable, "-m", "trustrl.cli"]
 GYMNAX = {"Breakout": 28.0, "SpaceInvaders": 131.0, "Asterix": 15.0, "Freeway": 58.0}
 GAMES = ("Breakout", "SpaceInvaders", "Asterix", "Freeway")
 EPISODES = 100
+KINDS = ("deterministic", "stochastic")
 RESULT = "result.json"
 PRESET_STICKY = 0.1  # the minatar package's default, which the presets keep
 EPISODE_STEPS = 1000  # the presets' max_episode_steps (gymnax's max_steps_in_episode)
@@ -88,16 +93,20 @@ def train(folder: Path, game: str, seed: int, sticky: float | None) -> float:
     return time.monotonic() - start
 
 
-def evaluate(folder: Path, deterministic: bool) -> dict[str, Any]:
+def evaluate(folder: Path, deterministic: bool, sticky_off: bool = False) -> dict[str, Any]:
+    """``EPISODES`` episodes of a run's final policy, on the games it trained on, or with
+    ``sticky_off`` on the same games without sticky actions (gymnax's)."""
     flag = "--deterministic" if deterministic else "--no-deterministic"
     command = [*TRUSTRL, "eval", str(folder), "--episodes", str(EPISODES), flag, "--json"]
+    if sticky_off:
+        command += ["--env.kwargs", "sticky_action_prob", "0.0"]
     done = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def finish(folder: Path, game: str, seed: int, sticky: float | None) -> None:
-    """Evaluate a trained run (with the sticky actions it trained with: the run's config)
-    and mark it done (atomically)."""
+    """Evaluate a trained run (with the sticky actions it trained with: the run's config;
+    then, where it had some, without them) and mark it done."""
     result = {
         "game": game,
         "seed": seed,
@@ -105,6 +114,20 @@ def finish(folder: Path, game: str, seed: int, sticky: float | None) -> None:
         "deterministic": evaluate(folder, True),
         "stochastic": evaluate(folder, False),
     }
+    write_result(folder, complete(folder, result))
+
+
+def complete(folder: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with its evaluations on games without sticky actions (``no_sticky``),
+    for a run that trained with them and has none yet."""
+    if result["sticky"] == 0 or "no_sticky" in result:
+        return result
+    no_sticky = {kind: evaluate(folder, kind == "deterministic", True) for kind in KINDS}
+    return {**result, "no_sticky": no_sticky}
+
+
+def write_result(folder: Path, result: dict[str, Any]) -> None:
+    """Mark a run done with its result, atomically."""
     tmp = folder / (RESULT + ".tmp")
     tmp.write_text(json.dumps(result, indent=1))
     tmp.replace(folder / RESULT)
@@ -133,16 +156,20 @@ def results(root: Path, record: Path) -> list[dict[str, Any]]:
 
 
 def report(found: list[dict[str, Any]]) -> str:
+    """The table: per game and training protocol, each evaluation's mean over the seeds
+    (the worst seed), and whether the stochastic one is above gymnax's figure, on the
+    games trained on and on gymnax's (no sticky actions)."""
     rows = [
-        "| game | sticky actions | seeds done | deterministic, mean (worst) "
-        "| stochastic, mean (worst) | gymnax PPO (stochastic, no sticky actions) | above "
-        "| wall per run |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| game | sticky actions in training | seeds done | deterministic, mean (worst) "
+        "| stochastic, mean (worst) | without sticky actions: deterministic "
+        "| without sticky actions: stochastic | gymnax PPO (stochastic, no sticky actions) "
+        "| above, with sticky actions | above, without (gymnax's games) | wall per run |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for game in GAMES:
         runs = [r for r in found if r["game"] == game]
         if not runs:
-            rows.append(f"| {game} | | 0 | not yet measured | | {GYMNAX[game]:g} | | |")
+            rows.append(f"| {game} | | 0 | not yet measured | | | | {GYMNAX[game]:g} | | | |")
         for sticky in sorted({r.get("sticky", PRESET_STICKY) for r in runs}, reverse=True):
             mine = [r for r in runs if r.get("sticky", PRESET_STICKY) == sticky]
             rows.append(_row(game, sticky, mine))
@@ -150,17 +177,40 @@ def report(found: list[dict[str, Any]]) -> str:
 
 
 def _row(game: str, sticky: float, mine: list[dict[str, Any]]) -> str:
-    det = [r["deterministic"]["mean_return"] for r in mine]
-    sto = [r["stochastic"]["mean_return"] for r in mine]
+    """One protocol's row. Without sticky actions: a run trained without them is
+    evaluated so anyway; the seeds measured before those evaluations existed, whose run
+    folders are gone, are left out of those columns, which then name their seeds."""
+    gymnax = GYMNAX[game]
     walls = [r["wall_seconds"] for r in mine if r.get("wall_seconds") is not None]
     wall = f"{statistics.median(walls) / 60:.0f} min" if walls else "-"
-    above = "yes" if statistics.mean(sto) > GYMNAX[game] else "no"
-    return (
-        f"| {game} | {sticky:g} | {len(mine)} ({', '.join(str(r['seed']) for r in mine)}) "
-        f"| {statistics.mean(det):.1f} ({min(det):.1f}) "
-        f"| {statistics.mean(sto):.1f} ({min(sto):.1f}) | {GYMNAX[game]:g} | {above} "
-        f"| {wall} |"
-    )
+    sto = [r["stochastic"]["mean_return"] for r in mine]
+    plain = [r if sticky == 0 else r.get("no_sticky") for r in mine]
+    seeds = [r["seed"] for r, p in zip(mine, plain, strict=True) if p is not None]
+    off = [p for p in plain if p is not None]
+    some = "" if len(off) in (0, len(mine)) else f", seeds {', '.join(map(str, seeds))}"
+    cells = [
+        f"{game} | {sticky:g} | {len(mine)} ({', '.join(str(r['seed']) for r in mine)})",
+        _mean_worst([r["deterministic"]["mean_return"] for r in mine]),
+        _mean_worst(sto),
+        _mean_worst([p["deterministic"]["mean_return"] for p in off]) + some,
+        _mean_worst([p["stochastic"]["mean_return"] for p in off]) + some,
+        f"{gymnax:g}",
+        "-" if sticky == 0 else "yes" if statistics.mean(sto) > gymnax else "no",
+        "-" if not off else _above([p["stochastic"]["mean_return"] for p in off], gymnax, some),
+        wall,
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _mean_worst(values: list[float]) -> str:
+    return f"{statistics.mean(values):.1f} ({min(values):.1f})" if values else "-"
+
+
+def _above(values: list[float], figure: float, some: str) -> str:
+    """Above ``figure`` on the mean of ``values``; named as a part when only some seeds
+    were measured so."""
+    verdict = "yes" if statistics.mean(values) > figure else "no"
+    return verdict + (f" ({len(values)} seeds)" if some else "")
 
 
 def _curve(progress: list[dict[str, float]]) -> list[list[float | None]]:
@@ -211,6 +261,11 @@ def main(argv: list[str] | None = None) -> None:
             for game in games:
                 folder = run_dir(args.run_root, game, seed, args.sticky)
                 if (folder / RESULT).exists():
+                    done = json.loads((folder / RESULT).read_text())
+                    completed = complete(folder, done)
+                    if completed is not done:
+                        print(f"{game} seed {seed}: evaluated without sticky actions", flush=True)
+                        write_result(folder, completed)
                     continue
                 print(f"{game} seed {seed} ...", flush=True)
                 seconds = train(folder, game, seed, args.sticky)
