@@ -207,10 +207,9 @@ def _mean_worst(values: list[float]) -> str:
 
 
 def _above(values: list[float], figure: float, some: str) -> str:
-    """Above ``figure`` on the mean of ``values``; named as a part when only some seeds
+    """Above ``figure`` on the mean of ``values``; ``some`` names the seeds when not all
     were measured so."""
-    verdict = "yes" if statistics.mean(values) > figure else "no"
-    return verdict + (f" ({len(values)} seeds)" if some else "")
+    return ("yes" if statistics.mean(values) > figure else "no") + some
 
 
 def _curve(progress: list[dict[str, float]]) -> list[list[float | None]]:
