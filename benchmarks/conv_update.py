@@ -6,8 +6,12 @@ Nature network fits (Atari) and NCHW for small grids (MinAtar) from these figure
     .venv/bin/python benchmarks/conv_update.py                 # Atari: 256 frames (4, 84, 84)
     .venv/bin/python benchmarks/conv_update.py --minatar       # 256 grids (10, 10, 4)
 
-One torch thread; blocks of calls alternate between the two, and the table gives the
-median of the blocks in milliseconds per step and their ratio.
+With --minatar two more lines bound how fast that update could be: the conv layer as one
+matrix product over patches cut beforehand (as a rollout's could be, once before its
+epochs) and the linear layer alone.
+
+One torch thread; blocks of calls alternate between the ways, and the table gives the
+median of the blocks in milliseconds per step and each way's ratio to the one run.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from trustrl.learner.cnn import ConvEncoder
 
@@ -54,6 +59,30 @@ def main() -> None:
 
     as_run = f"{'channels-last' if encoder.nhwc else 'NCHW'} (as run)"
     ways: dict[str, Callable[[Tensor], Tensor]] = {as_run: encoder, other_name: flipped}
+    if args.minatar:
+        # How low the update could go (docs/pixels.md, the speed beside SB3): MinAtar's one
+        # conv layer as a matrix product over its patches, cut once beforehand as a
+        # rollout's could be before its epochs, and the linear layer alone on fixed inputs.
+        conv = cast("nn.Conv2d", encoder.convs[0])
+        bias = cast(Tensor, conv.bias)
+        grid = (frames.to(torch.float32) * encoder.scale).permute(0, 3, 1, 2).contiguous()
+        patches = F.unfold(grid, tuple(conv.kernel_size)).transpose(1, 2)  # (B, positions, C*k*k)
+        positions = patches.shape[1]
+        patches = patches.reshape(len(frames) * positions, -1).contiguous()
+
+        def cut_once(_: Tensor) -> Tensor:
+            y = torch.relu(torch.addmm(bias, patches, conv.weight.flatten(1).t()))
+            # Features in (position, channel) order, so the linear layer's columns are put
+            # in that order (a copy of its weights, cheaper than one of the features).
+            out = encoder.linear.weight
+            weight = out.view(len(out), -1, positions).transpose(1, 2).reshape(len(out), -1)
+            return torch.relu(F.linear(y.view(len(frames), -1), weight, encoder.linear.bias))
+
+        with torch.no_grad():
+            torch.testing.assert_close(cut_once(frames), encoder(frames))
+            features = torch.relu(F.conv2d(grid, conv.weight, conv.bias)).flatten(1)
+        ways["patches cut once"] = cut_once
+        ways["linear layer alone"] = lambda _: torch.relu(encoder.linear(features))
     times: dict[str, list[float]] = {name: [] for name in ways}
 
     def step(way: Callable[[Tensor], Tensor]) -> None:
@@ -71,8 +100,10 @@ def main() -> None:
             times[name].append((time.perf_counter() - start) / args.calls * 1e3)
     medians = {name: statistics.median(t) for name, t in times.items()}
     for name, value in medians.items():
-        print(f"{name:24s} {value:8.1f} ms")
-    print(f"{other_name + ' / as run':24s} {medians[other_name] / medians[as_run]:8.2f}x")
+        print(f"{name:36s} {value:8.1f} ms")
+    for name in ways:
+        if name != as_run:
+            print(f"{name + ' / as run':36s} {medians[name] / medians[as_run]:8.2f}x")
 
 
 if __name__ == "__main__":
