@@ -187,16 +187,17 @@ def _row(game: str, sticky: float, mine: list[dict[str, Any]]) -> str:
     plain = [r if sticky == 0 else r.get("no_sticky") for r in mine]
     seeds = [r["seed"] for r, p in zip(mine, plain, strict=True) if p is not None]
     off = [p for p in plain if p is not None]
+    off_sto = [p["stochastic"]["mean_return"] for p in off]
     some = "" if len(off) in (0, len(mine)) else f", seeds {', '.join(map(str, seeds))}"
     cells = [
         f"{game} | {sticky:g} | {len(mine)} ({', '.join(str(r['seed']) for r in mine)})",
         _mean_worst([r["deterministic"]["mean_return"] for r in mine]),
         _mean_worst(sto),
         _mean_worst([p["deterministic"]["mean_return"] for p in off]) + some,
-        _mean_worst([p["stochastic"]["mean_return"] for p in off]) + some,
+        _mean_worst(off_sto) + some,
         f"{gymnax:g}",
-        "-" if sticky == 0 else "yes" if statistics.mean(sto) > gymnax else "no",
-        "-" if not off else _above([p["stochastic"]["mean_return"] for p in off], gymnax, some),
+        "-" if sticky == 0 else _above(sto, gymnax),
+        "-" if not off else _above(off_sto, gymnax) + some,
         wall,
     ]
     return "| " + " | ".join(cells) + " |"
@@ -206,10 +207,9 @@ def _mean_worst(values: list[float]) -> str:
     return f"{statistics.mean(values):.1f} ({min(values):.1f})" if values else "-"
 
 
-def _above(values: list[float], figure: float, some: str) -> str:
-    """Above ``figure`` on the mean of ``values``; ``some`` names the seeds when not all
-    were measured so."""
-    return ("yes" if statistics.mean(values) > figure else "no") + some
+def _above(values: list[float], figure: float) -> str:
+    """Whether the mean of ``values`` is above ``figure``: yes or no."""
+    return "yes" if statistics.mean(values) > figure else "no"
 
 
 def _curve(progress: list[dict[str, float]]) -> list[list[float | None]]:
